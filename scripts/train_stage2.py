@@ -1,0 +1,11 @@
+"""Stage-2 training; runs as `python`, under `torchrun` and under `accelerate launch`."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from trainer.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())

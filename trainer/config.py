@@ -1,0 +1,300 @@
+"""The training config: typed dataclasses read from YAML, ``--set`` overrides, validation.
+
+Everything here runs before any process group or device is touched, so a bad config ends
+the run with one line naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_origin
+
+import yaml
+
+from trainer.errors import ConfigError
+from trainer.schema import field_type, from_mapping, read_yaml, suggestion, to_mapping
+
+LOSSES = ("non_saturating", "hinge", "least_squares", "wasserstein")
+
+
+@dataclass
+class ModelSection:
+    """Default paths of the two model configs (the command-line flags override them)."""
+
+    generator_config: str = ""
+    discriminator_config: str = ""
+
+
+@dataclass
+class OptimizerSection:
+    """Optimizer, learning-rate schedule and gradient clipping of one model."""
+
+    name: Literal["adam", "adamw", "sgd", "rmsprop"] = "adam"
+    lr: float = 1e-4
+    betas: list[float] = field(default_factory=lambda: [0.5, 0.999])
+    weight_decay: float = 0.0
+    eps: float = 1e-8
+    #: any name transformers' ``get_scheduler`` knows: constant, linear, cosine, ...
+    scheduler: str = "constant"
+    warmup_steps: int = 0
+    #: clip this model's gradient norm to this value; 0 turns clipping off
+    max_grad_norm: float = 0.0
+
+
+@dataclass
+class OptimSection:
+    generator: OptimizerSection = field(default_factory=OptimizerSection)
+    discriminator: OptimizerSection = field(default_factory=OptimizerSection)
+
+
+@dataclass
+class TrainingSection:
+    max_steps: int = 1000
+    batch_size: int = 64
+    gradient_accumulation_steps: int = 1
+    d_steps_per_g_step: int = 1
+    eval_every: int = 500
+    save_every: int = 1000
+    log_every: int = 50
+    keep_checkpoints: int = 2
+    best_metric: str = ""
+    best_mode: Literal["min", "max"] = "min"
+    seed: int = 0
+    #: empty: whatever the accelerate config (or launcher) says
+    mixed_precision: Literal["", "no", "bf16", "fp16"] = ""
+    #: seconds of training after which the run saves and stops; 0 means no limit
+    max_time: float = 0.0
+    nonfinite: Literal["skip", "error"] = "skip"
+    max_consecutive_skips: int = 10
+    loss: Literal["non_saturating", "hinge", "least_squares", "wasserstein"] = "non_saturating"
+    #: gradient-penalty weight, used by the wasserstein loss
+    gp_weight: float = 10.0
+    #: R1 penalty on real data (0 turns it off), applied every ``r1_interval`` D steps
+    r1_weight: float = 0.0
+    r1_interval: int = 1
+    #: accelerate trackers; "auto" means tensorboard when it is installed
+    log_with: list[str] = field(default_factory=lambda: ["auto"])
+    project_name: str = "trainer"
+    num_workers: int = 0
+
+
+@dataclass
+class EvalSection:
+    batch_size: int = 256
+
+
+@dataclass
+class DataSection:
+    train_size: int = 10000
+    eval_size: int = 2000
+    #: a local data file; empty means generated data
+    path: str = ""
+
+
+@dataclass
+class InitSection:
+    """Stage-1 weights: a safetensors file, a directory with model.safetensors, or a
+    save_pretrained directory."""
+
+    generator: str = ""
+    discriminator: str = ""
+
+
+@dataclass
+class DistributedSection:
+    timeout_s: float = 300.0
+    watchdog_s: float = 600.0
+    debug: bool = False
+
+
+@dataclass
+class Config:
+    """The whole training config (one YAML file)."""
+
+    task: str = "gaussian_mixture"
+    output_dir: str = "outputs/run"
+    model: ModelSection = field(default_factory=ModelSection)
+    training: TrainingSection = field(default_factory=TrainingSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+    data: DataSection = field(default_factory=DataSection)
+    init: InitSection = field(default_factory=InitSection)
+    distributed: DistributedSection = field(default_factory=DistributedSection)
+    #: options of the task (recipe); the task checks them against its own schema
+    task_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunConfig:
+    """The training config plus the two model configs it runs with."""
+
+    config: Config
+    source: str
+    generator: dict[str, Any]
+    discriminator: dict[str, Any]
+    generator_source: str
+    discriminator_source: str
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Split ``dotted.key=value``; the value is read as YAML (so ``3`` is an int)."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text}: expected dotted.key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """Set each dotted key of ``overrides`` in the raw mapping ``data`` (checked against Config)."""
+    for key, value in overrides.items():
+        parts = key.split(".")
+        # A key below a free-form mapping (task_options.x) is checked later by its owner.
+        for depth in range(len(parts), 0, -1):
+            try:
+                tp = field_type(Config, ".".join(parts[:depth]))
+            except KeyError as exc:
+                if depth == 1:
+                    raise ConfigError(f"--set {key}: {exc.args[0]}") from None
+                continue
+            if depth < len(parts) and get_origin(tp) is not dict and tp is not dict:
+                raise ConfigError(f"--set {key}: '{'.'.join(parts[:depth])}' has no sub-keys")
+            break
+        node = data
+        for part in parts[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = node[part] = {}
+            node = child
+        node[parts[-1]] = value
+
+
+def _require(condition: bool, source: str, key: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(f"{source}: key '{key}' {message}")
+
+
+def validate(cfg: Config, source: str) -> None:
+    """Reject impossible values, naming the key."""
+    t = cfg.training
+    for name in (
+        "max_steps",
+        "batch_size",
+        "gradient_accumulation_steps",
+        "d_steps_per_g_step",
+        "eval_every",
+        "save_every",
+        "log_every",
+        "keep_checkpoints",
+        "max_consecutive_skips",
+        "r1_interval",
+    ):
+        _require(getattr(t, name) >= 1, source, f"training.{name}", "must be at least 1")
+    _require(t.num_workers >= 0, source, "training.num_workers", "must be 0 or more")
+    _require(t.max_time >= 0, source, "training.max_time", "must be 0 (no limit) or more")
+    _require(t.gp_weight >= 0, source, "training.gp_weight", "must be 0 or more")
+    _require(t.r1_weight >= 0, source, "training.r1_weight", "must be 0 or more")
+    _require(cfg.eval.batch_size >= 1, source, "eval.batch_size", "must be at least 1")
+    _require(cfg.data.train_size >= 1, source, "data.train_size", "must be at least 1")
+    _require(cfg.data.eval_size >= 1, source, "data.eval_size", "must be at least 1")
+    for role in ("generator", "discriminator"):
+        opt: OptimizerSection = getattr(cfg.optim, role)
+        key = f"optim.{role}"
+        _require(opt.lr > 0, source, f"{key}.lr", "must be positive")
+        _require(
+            len(opt.betas) == 2 and all(0 <= b < 1 for b in opt.betas),
+            source,
+            f"{key}.betas",
+            "must be two numbers in [0, 1)",
+        )
+        _require(opt.weight_decay >= 0, source, f"{key}.weight_decay", "must be 0 or more")
+        _require(opt.warmup_steps >= 0, source, f"{key}.warmup_steps", "must be 0 or more")
+        _require(opt.max_grad_norm >= 0, source, f"{key}.max_grad_norm", "must be 0 (off) or more")
+        _check_scheduler(opt.scheduler, source, f"{key}.scheduler")
+        path = getattr(cfg.init, role)
+        _require(not path or Path(path).exists(), source, f"init.{role}", f"names {path!r}, which does not exist")
+    _require(
+        not cfg.data.path or Path(cfg.data.path).is_file(),
+        source,
+        "data.path",
+        f"names {cfg.data.path!r}, which is not a file",
+    )
+    d = cfg.distributed
+    _require(d.timeout_s > 0, source, "distributed.timeout_s", "must be positive")
+    _require(d.watchdog_s >= 0, source, "distributed.watchdog_s", "must be 0 (off) or more")
+    _require(bool(cfg.output_dir), source, "output_dir", "must not be empty")
+
+
+def _check_scheduler(name: str, source: str, key: str) -> None:
+    from transformers import SchedulerType
+
+    valid = [s.value for s in SchedulerType]
+    if name not in valid:
+        raise ConfigError(
+            f"{source}: key '{key}' must be one of {', '.join(valid)}, got {name!r}"
+            + suggestion(name, valid)
+        )
+
+
+def load_config(
+    path: str | Path,
+    overrides: dict[str, Any] | list[str] | None = None,
+    generator_config: str | Path | None = None,
+    discriminator_config: str | Path | None = None,
+    output_dir: str | Path | None = None,
+) -> RunConfig:
+    """Read, override and validate the training config and the two model configs.
+
+    ``overrides`` is a mapping of dotted keys to values, or ``--set`` strings.
+    """
+    source = str(path)
+    data = read_yaml(path, "training config")
+    if isinstance(overrides, list):
+        overrides = dict(parse_override(item) for item in overrides)
+    apply_overrides(data, overrides or {})
+    if output_dir is not None:
+        data["output_dir"] = str(output_dir)
+    cfg = from_mapping(Config, data, source)
+    if generator_config is not None:
+        cfg.model.generator_config = str(generator_config)
+    if discriminator_config is not None:
+        cfg.model.discriminator_config = str(discriminator_config)
+    validate(cfg, source)
+    models = {}
+    for role in ("generator", "discriminator"):
+        model_path = getattr(cfg.model, f"{role}_config")
+        if not model_path:
+            raise ConfigError(
+                f"{source}: key 'model.{role}_config' is empty and --{role}-config was not given"
+            )
+        models[role] = read_yaml(model_path, f"{role} model config")
+    return RunConfig(
+        config=cfg,
+        source=source,
+        generator=models["generator"],
+        discriminator=models["discriminator"],
+        generator_source=cfg.model.generator_config,
+        discriminator_source=cfg.model.discriminator_config,
+    )
+
+
+def write_resolved(run: RunConfig, output_dir: Path) -> None:
+    """Write ``config.yaml`` and copies of both model configs, so the directory can be rerun."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    cfg = dataclasses.replace(
+        run.config,
+        model=ModelSection(
+            generator_config=str(output_dir / "generator.yaml"),
+            discriminator_config=str(output_dir / "discriminator.yaml"),
+        ),
+    )
+    dump = {"sort_keys": False, "default_flow_style": False}
+    (output_dir / "generator.yaml").write_text(yaml.safe_dump(run.generator, **dump))
+    (output_dir / "discriminator.yaml").write_text(yaml.safe_dump(run.discriminator, **dump))
+    (output_dir / "config.yaml").write_text(yaml.safe_dump(to_mapping(cfg), **dump))

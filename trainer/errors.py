@@ -1,0 +1,21 @@
+"""Errors that end a run with one clear line instead of a traceback."""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Bad input from the user (config, data, checkpoint): reported as one line, exit status 2."""
+
+    exit_code = 2
+
+
+class ConfigError(UserError):
+    """A config file, a model config or a ``--set`` override is wrong."""
+
+
+class DataError(UserError):
+    """A data file cannot be used (missing, unreadable, a bad row)."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint or initial weights file cannot be used."""

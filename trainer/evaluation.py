@@ -1,0 +1,73 @@
+"""Eval over the sharded eval set: every sample scored exactly once, on every rank alike.
+
+Entered by every rank at the same optimizer step (a pure function of the step), so the
+collectives inside (padding, gathering, one broadcast of the metrics) line up without a
+barrier.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list
+from torch import nn
+
+from trainer.tasks.base import Task
+
+
+def _pad_to(tensor: torch.Tensor, length: int, value: float) -> torch.Tensor:
+    if tensor.dim() < 2 or tensor.shape[1] == length:
+        return tensor
+    pad = tensor.new_full((tensor.shape[0], length - tensor.shape[1], *tensor.shape[2:]), value)
+    return torch.cat([tensor, pad], dim=1)
+
+
+def concatenate(chunks: list[dict[str, torch.Tensor]], pad_value: float) -> dict[str, torch.Tensor]:
+    """Join per-batch outputs along the sample dimension, padding dimension 1 where lengths differ."""
+    joined = {}
+    for key in chunks[0]:
+        parts = [chunk[key] for chunk in chunks]
+        longest = max((p.shape[1] for p in parts if p.dim() >= 2), default=0)
+        joined[key] = torch.cat([_pad_to(p, longest, pad_value) for p in parts])
+    return joined
+
+
+@torch.no_grad()
+def evaluate(
+    accelerator: Accelerator,
+    task: Task,
+    generator: nn.Module,
+    discriminator: nn.Module,
+    dataloader: Any,
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Score the eval set; returns the metrics (with ``num_samples``) and the gathered outputs.
+
+    Metrics are computed from the gathered outputs and then taken from the main process, so
+    every rank acts on exactly the same numbers (best checkpoint, logging).
+    """
+    bare_g, bare_d = accelerator.unwrap_model(generator), accelerator.unwrap_model(discriminator)
+    bare_g.eval()
+    bare_d.eval()
+    chunks = []
+    try:
+        for batch in dataloader:
+            outputs = task.eval_outputs(bare_g, bare_d, batch)
+            outputs = {
+                key: accelerator.pad_across_processes(value, dim=1, pad_index=task.eval_pad_value)
+                if value.dim() >= 2
+                else value
+                for key, value in outputs.items()
+            }
+            gathered = accelerator.gather_for_metrics(outputs)
+            chunks.append({key: value.cpu() for key, value in gathered.items()})
+    finally:
+        bare_g.train()
+        bare_d.train()
+    outputs = concatenate(chunks, task.eval_pad_value)
+    metrics: dict[str, Any] = dict(task.eval_metrics(outputs))
+    metrics["num_samples"] = len(next(iter(outputs.values())))
+    shared = [metrics]
+    broadcast_object_list(shared, from_process=0)
+    return shared[0], outputs

@@ -1,0 +1,403 @@
+"""The stage-2 loop: discriminator phase(s), then a generator phase, per optimizer step.
+
+Reading guide. Every collective of a step stands in this file, at points every rank reaches:
+the DDP backward of each phase, the per-step agreement (one all-reduce), and the log, eval
+and save blocks, which run when the global step says so. The global step is the same on
+every rank because every rank runs the same number of phases with the same number of
+micro-batches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.logging import get_logger
+from accelerate.utils import set_seed
+from torch import nn
+from tqdm.auto import tqdm
+from transformers import get_scheduler
+
+from trainer import checkpoint, runtime
+from trainer.checkpoint import TrainState
+from trainer.config import OptimizerSection, RunConfig, write_resolved
+from trainer.errors import DataError
+from trainer.evaluation import evaluate
+from trainer.metrics import MetricsLog, flat_hparams, resolve_trackers
+from trainer.tasks import Task, load_task
+from trainer.tasks.base import Penalties
+
+logger = get_logger("trainer")
+
+OPTIMIZERS = {
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+    "sgd": torch.optim.SGD,
+    "rmsprop": torch.optim.RMSprop,
+}
+
+
+def build_optimizer(section: OptimizerSection, model: nn.Module) -> torch.optim.Optimizer:
+    """The optimizer a config section describes, over ``model``'s parameters."""
+    kwargs: dict[str, Any] = {"lr": section.lr, "weight_decay": section.weight_decay}
+    if section.name in ("adam", "adamw"):
+        kwargs.update(betas=tuple(section.betas), eps=section.eps)
+    elif section.name == "rmsprop":
+        kwargs.update(eps=section.eps)
+    return OPTIMIZERS[section.name](model.parameters(), **kwargs)
+
+
+@dataclass
+class Phase:
+    """One side of the game: its model, optimizer, scheduler and clipping bound."""
+
+    name: str
+    model: nn.Module
+    optimizer: Any
+    scheduler: Any
+    max_grad_norm: float
+    #: sums over the current log window, kept on the device to avoid a sync per step
+    loss_sum: torch.Tensor | None = None
+    parts_sum: dict[str, torch.Tensor] = field(default_factory=dict)
+    count: int = 0
+    grad_norm: float | None = None
+
+    def record(self, loss: torch.Tensor, parts: dict[str, torch.Tensor]) -> None:
+        loss = loss.detach().float()
+        self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss
+        for key, value in parts.items():
+            value = value.detach().float()
+            self.parts_sum[key] = value if key not in self.parts_sum else self.parts_sum[key] + value
+        self.count += 1
+
+
+class BatchStream:
+    """Endless micro-batches from a prepared dataloader, with a resumable position.
+
+    The shuffle of epoch e is a function of (seed, e) (accelerate's seedable sampler), so
+    (epoch, position) is enough to continue exactly where a checkpoint was taken.
+    """
+
+    def __init__(self, accelerator: Accelerator, dataloader: Any, epoch: int, position: int) -> None:
+        self.accelerator = accelerator
+        self.dataloader = dataloader
+        self.epoch = epoch
+        self.position = position
+        self.iterator: Iterator[Any] | None = None
+
+    def next(self) -> Any:
+        if self.iterator is None:
+            self.dataloader.set_epoch(self.epoch)
+            loader = self.dataloader
+            if self.position:
+                loader = self.accelerator.skip_first_batches(self.dataloader, self.position)
+            self.iterator = iter(loader)
+        try:
+            batch = next(self.iterator)
+        except StopIteration:
+            self.epoch, self.position, self.iterator = self.epoch + 1, 0, None
+            return self.next()
+        self.position += 1
+        return batch
+
+
+@contextlib.contextmanager
+def frozen(module: nn.Module) -> Iterator[nn.Module]:
+    """``module`` with requires_grad off, so a backward pass through it leaves it untouched."""
+    flags = [p.requires_grad for p in module.parameters()]
+    module.requires_grad_(False)
+    try:
+        yield module
+    finally:
+        for param, flag in zip(module.parameters(), flags):
+            param.requires_grad_(flag)
+
+
+def noise_seed(seed: int, rank: int) -> int:
+    """Each rank draws its own noise, reproducibly."""
+    return seed * 1_000_003 + 7919 * (rank + 1)
+
+
+class Trainer:
+    """Stage-2 adversarial training of a task's generator against its discriminator.
+
+    ``fit()`` runs in the current process (which may be one rank of a launched job).
+    ``scaler`` replaces accelerate's GradScaler; tests use it to exercise the fp16 path on CPU.
+    """
+
+    def __init__(
+        self,
+        run: RunConfig,
+        device: str = "auto",
+        resume: str | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> None:
+        self.run = run
+        self.config = run.config
+        self.device = device
+        self.resume = resume
+        self.scaler = scaler
+        # Building the task checks its options and model configs: still no device touched.
+        self.task: Task = load_task(run)
+        self.output_dir = Path(self.config.output_dir)
+
+    # -- set-up ----------------------------------------------------------------------------
+    def _load_model(self, role: str, build: Any) -> nn.Module:
+        init = getattr(self.config.init, role)
+        if init:
+            pretrained = self.task.load_pretrained(role, Path(init))
+            if pretrained is not None:
+                return pretrained
+        model = build()
+        if init:
+            checkpoint.load_weights(model, init, role)
+        return model
+
+    def _setup(self) -> None:
+        cfg, t = self.config, self.config.training
+        trackers = resolve_trackers(t.log_with)
+        self.accelerator = accelerator = runtime.build_accelerator(
+            cfg, self.device, str(self.output_dir), trackers, self.scaler
+        )
+        logger.info(runtime.describe_rank(accelerator), main_process_only=False)
+        if t.mixed_precision == "fp16" and accelerator.device.type == "cpu" and accelerator.scaler is None:
+            logger.warning("fp16 was requested but accelerate runs fp32 on the CPU (no autocast, no GradScaler)")
+        set_seed(t.seed)
+        if accelerator.is_main_process:
+            write_resolved(self.run, self.output_dir)
+
+        def read_inputs() -> tuple[Any, ...]:
+            generator = self._load_model("generator", self.task.build_generator)
+            discriminator = self._load_model("discriminator", self.task.build_discriminator)
+            return generator, discriminator, self.task.train_dataset(), self.task.eval_dataset()
+
+        generator, discriminator, train_set, eval_set = runtime.agreed(
+            accelerator, "reading the models and data", read_inputs
+        )
+        opt_g = build_optimizer(cfg.optim.generator, generator)
+        opt_d = build_optimizer(cfg.optim.discriminator, discriminator)
+        sched_g = self._scheduler(cfg.optim.generator, opt_g, t.max_steps)
+        sched_d = self._scheduler(cfg.optim.discriminator, opt_d, t.max_steps * t.d_steps_per_g_step)
+        train_loader = torch.utils.data.DataLoader(
+            train_set,
+            batch_size=t.batch_size,
+            shuffle=True,
+            drop_last=True,
+            collate_fn=self.task.collate,
+            num_workers=t.num_workers,
+        )
+        eval_loader = torch.utils.data.DataLoader(
+            eval_set, batch_size=cfg.eval.batch_size, shuffle=False, collate_fn=self.task.collate
+        )
+        (generator, discriminator, opt_g, opt_d, sched_g, sched_d, self.train_loader, self.eval_loader) = (
+            accelerator.prepare(generator, discriminator, opt_g, opt_d, sched_g, sched_d, train_loader, eval_loader)
+        )
+        if len(self.train_loader) == 0:
+            raise DataError(
+                f"{cfg.data.path or 'data.train_size'}: {len(train_set)} training samples are fewer than "
+                f"one batch per process ({t.batch_size} x {accelerator.num_processes} processes)"
+            )
+        self.d = Phase("d", discriminator, opt_d, sched_d, cfg.optim.discriminator.max_grad_norm)
+        self.g = Phase("g", generator, opt_g, sched_g, cfg.optim.generator.max_grad_norm)
+
+        self.state = TrainState()
+        self.noise = torch.Generator(device=accelerator.device)
+        self.noise.manual_seed(noise_seed(t.seed, accelerator.process_index))
+        resumed_from = None
+        if self.resume:
+            path = checkpoint.resolve_resume(self.resume, self.output_dir)
+            if path is None:
+                logger.info(f"--resume {self.resume}: no checkpoint in {self.output_dir}; starting fresh")
+            else:
+                self.state, rank_state = runtime.agreed(
+                    accelerator, "loading the checkpoint", lambda: checkpoint.load_checkpoint(accelerator, path)
+                )
+                self.noise.set_state(rank_state["noise"])
+                resumed_from = self.state.step
+                logger.info(f"resumed from {path} at step {self.state.step}")
+        self.stream = BatchStream(accelerator, self.train_loader, self.state.epoch, self.state.position)
+        self.metrics = MetricsLog(accelerator, self.output_dir, resumed_from)
+        if trackers:
+            accelerator.init_trackers(t.project_name, config=flat_hparams(cfg))
+        accelerator.wait_for_everyone()
+
+    def _scheduler(self, section: OptimizerSection, optimizer: Any, total: int) -> Any:
+        return get_scheduler(
+            section.scheduler, optimizer, num_warmup_steps=section.warmup_steps, num_training_steps=total
+        )
+
+    # -- one optimizer step ------------------------------------------------------------------
+    def _finish_phase(self, phase: Phase, measure_norm: bool) -> bool:
+        """Clip, step and zero this phase's optimizer only; returns whether the step was skipped."""
+        params = [p for p in phase.model.parameters() if p.grad is not None]
+        if self.accelerator.scaler is not None:
+            # accelerate's clip_grad_norm_ unscales every prepared optimizer; only this phase's
+            # gradients exist now, so only its optimizer is unscaled.
+            self.accelerator.scaler.unscale_(phase.optimizer.optimizer)
+        if phase.max_grad_norm > 0:
+            phase.grad_norm = float(torch.nn.utils.clip_grad_norm_(params, phase.max_grad_norm))
+        elif measure_norm:
+            phase.grad_norm = float(torch.nn.utils.get_total_norm([p.grad for p in params]))
+        phase.optimizer.step()
+        skipped = phase.optimizer.step_was_skipped
+        phase.scheduler.step()
+        phase.optimizer.zero_grad(set_to_none=True)
+        return skipped
+
+    def _penalties(self) -> Penalties:
+        t = self.config.training
+        lazy_r1 = t.r1_weight > 0 and self.state.d_steps % t.r1_interval == 0
+        return Penalties(
+            gradient_penalty=t.gp_weight if t.loss == "wasserstein" else 0.0,
+            r1=t.r1_weight * t.r1_interval if lazy_r1 else 0.0,
+        )
+
+    def discriminator_phase(self, measure_norm: bool) -> None:
+        """Micro-batches of real vs generated under accumulate(D); then D's optimizer steps."""
+        acc, task, phase = self.accelerator, self.task, self.d
+        bare_g = acc.unwrap_model(self.g.model)
+        penalties = self._penalties()
+        for _ in range(self.config.training.gradient_accumulation_steps):
+            batch = self.stream.next()
+            with acc.accumulate(phase.model):
+                real = task.real(batch)
+                with torch.no_grad():
+                    fake = task.generate(bare_g, real.shape[0], self.noise, batch)
+                loss, parts = task.discriminator_loss(phase.model, real, fake, self.noise, penalties)
+                acc.backward(loss)
+            phase.record(loss, parts)
+        self.state.skipped_d += self._finish_phase(phase, measure_norm)
+        self.state.d_steps += 1
+
+    def generator_phase(self, measure_norm: bool) -> None:
+        """Micro-batches through the frozen, unwrapped D under accumulate(G); then G steps.
+
+        D is called without its DDP wrapper and with requires_grad off: its reducer does no
+        work and no gradient reaches its parameters.
+        """
+        acc, task, phase = self.accelerator, self.task, self.g
+        size = self.config.training.batch_size
+        with frozen(acc.unwrap_model(self.d.model)) as bare_d:
+            for _ in range(self.config.training.gradient_accumulation_steps):
+                batch = self.stream.next() if task.generator_needs_data else None
+                with acc.accumulate(phase.model):
+                    loss, parts = task.generator_loss(phase.model, bare_d, size, self.noise, batch)
+                    acc.backward(loss)
+                phase.record(loss, parts)
+        self.state.skipped_g += self._finish_phase(phase, measure_norm)
+        self.state.g_steps += 1
+
+    # -- the loop ----------------------------------------------------------------------------
+    def fit(self) -> dict[str, Any]:
+        """Train to ``training.max_steps`` (or an agreed stop); returns the last eval metrics."""
+        try:
+            self._setup()
+            return self._train()
+        finally:
+            runtime.release_accelerator()
+
+    def _train(self) -> dict[str, Any]:
+        acc, t, state = self.accelerator, self.config.training, self.state
+        started = time.monotonic()
+        window_start, window_step = started, state.step
+        last_eval: dict[str, Any] = {}
+        bar = tqdm(
+            total=t.max_steps, initial=state.step, disable=not acc.is_main_process, desc="stage 2", dynamic_ncols=True
+        )
+        while state.step < t.max_steps:
+            log_now = (state.step + 1) % t.log_every == 0
+            for _ in range(t.d_steps_per_g_step):
+                self.discriminator_phase(log_now)
+            self.generator_phase(log_now)
+            state.step += 1
+            state.epoch, state.position = self.stream.epoch, self.stream.position
+            bar.update(1)
+
+            # The one agreement of the step: a time limit seen by any rank stops every rank.
+            (stop,) = runtime.any_rank(acc, [t.max_time > 0 and time.monotonic() - started >= t.max_time])
+            last = stop or state.step == t.max_steps
+            if log_now:
+                elapsed = time.monotonic() - window_start
+                self._log_train(state.step - window_step, elapsed)
+                window_start, window_step = time.monotonic(), state.step
+            if state.step % t.eval_every == 0 or last:
+                last_eval = self._evaluate()
+            if state.step % t.save_every == 0 or last:
+                self._save()
+            if stop:
+                logger.info(f"training.max_time reached: stopped at step {state.step} after saving")
+                break
+        bar.close()
+        self._export("final")
+        acc.wait_for_everyone()
+        if acc.is_main_process and acc.trackers:
+            for tracker in acc.trackers:
+                tracker.finish()
+        return last_eval
+
+    # -- log, eval, save ---------------------------------------------------------------------
+    def _log_train(self, steps: int, elapsed: float) -> None:
+        """Mean losses over the window, averaged over ranks (one reduce at a log step)."""
+        acc, t = self.accelerator, self.config.training
+        names, sums = [], []
+        for phase in (self.d, self.g):
+            names.append(f"{phase.name}_loss")
+            sums.append(phase.loss_sum / phase.count)
+            for key, value in phase.parts_sum.items():
+                names.append(key)
+                sums.append(value / phase.count)
+            phase.loss_sum, phase.parts_sum, phase.count = None, {}, 0
+        means = acc.reduce(torch.stack(sums), reduction="mean") if acc.num_processes > 1 else torch.stack(sums)
+        values: dict[str, Any] = dict(zip(names, means.tolist()))
+        samples = steps * t.d_steps_per_g_step * t.gradient_accumulation_steps * t.batch_size * acc.num_processes
+        values.update(
+            lr_d=self.d.scheduler.get_last_lr()[0],
+            lr_g=self.g.scheduler.get_last_lr()[0],
+            grad_norm_d=self.d.grad_norm,
+            grad_norm_g=self.g.grad_norm,
+            d_steps=self.state.d_steps,
+            g_steps=self.state.g_steps,
+            skipped_d=self.state.skipped_d,
+            skipped_g=self.state.skipped_g,
+            samples_per_s=samples / elapsed if elapsed > 0 else None,
+            steps_per_s=steps / elapsed if elapsed > 0 else None,
+        )
+        self.metrics.write("train", self.state.step, values)
+
+    def _evaluate(self) -> dict[str, Any]:
+        acc, t, state = self.accelerator, self.config.training, self.state
+        metrics, outputs = evaluate(acc, self.task, self.g.model, self.d.model, self.eval_loader)
+        self.metrics.write("eval", state.step, metrics)
+        if acc.is_main_process:
+            self.task.on_eval(state.step, outputs, self.output_dir, acc.trackers)
+        if t.best_metric:
+            value = metrics.get(t.best_metric)
+            if value is None:
+                raise DataError(f"training.best_metric: the eval has no metric {t.best_metric!r}; it has {sorted(metrics)}")
+            better = state.best_value is None or (value < state.best_value if t.best_mode == "min" else value > state.best_value)
+            if better:
+                state.best_value, state.best_step = float(value), state.step
+                self._export("best")
+        logger.info(f"eval at step {state.step}: {metrics}")
+        return metrics
+
+    def _export(self, name: str) -> None:
+        for role, phase in (("generator", self.g), ("discriminator", self.d)):
+            checkpoint.export_model(self.accelerator, phase.model, self.output_dir / name / role)
+
+    def _save(self) -> None:
+        self.state.epoch, self.state.position = self.stream.epoch, self.stream.position
+        path = checkpoint.save_checkpoint(
+            self.accelerator,
+            self.output_dir,
+            self.state,
+            {"noise": self.noise.get_state()},
+            self.config.training.keep_checkpoints,
+        )
+        logger.info(f"saved {path}")

@@ -1,0 +1,73 @@
+"""Where numbers go: ``metrics.jsonl`` and accelerate's trackers (main process only)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+
+from trainer.config import Config
+from trainer.schema import to_mapping
+
+
+def resolve_trackers(names: list[str]) -> list[str]:
+    """Tracker names for accelerate; ``auto`` is tensorboard when it is installed."""
+    resolved = []
+    for name in names:
+        if name == "auto":
+            if importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX"):
+                resolved.append("tensorboard")
+        elif name not in ("none", ""):
+            resolved.append(name)
+    return list(dict.fromkeys(resolved))
+
+
+def flat_hparams(cfg: Config) -> dict[str, Any]:
+    """The config as flat scalar hyper-parameters, as trackers want them."""
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(f"{prefix}{key}.", value)
+        elif isinstance(node, (int, float, str, bool)):
+            flat[prefix[:-1]] = node
+        else:
+            flat[prefix[:-1]] = str(node)
+
+    walk("", to_mapping(cfg))
+    return flat
+
+
+class MetricsLog:
+    """Appends one JSON record per (split, step) to ``metrics.jsonl`` and logs to trackers.
+
+    On resume from step N, records after N (from the interrupted run) are dropped, so each
+    (split, step) pair appears once.
+    """
+
+    def __init__(self, accelerator: Accelerator, output_dir: Path, resumed_step: int | None) -> None:
+        self.accelerator = accelerator
+        self.path = output_dir / "metrics.jsonl"
+        self.world_size = accelerator.num_processes
+        if not accelerator.is_main_process:
+            return
+        kept = []
+        if resumed_step is not None and self.path.is_file():
+            for line in self.path.read_text().splitlines():
+                if line.strip() and json.loads(line)["step"] <= resumed_step:
+                    kept.append(line + "\n")
+        self.path.write_text("".join(kept))
+
+    def write(self, split: str, step: int, values: dict[str, Any]) -> None:
+        """Record ``values`` for ``split`` at ``step`` (a no-op off the main process)."""
+        if not self.accelerator.is_main_process:
+            return
+        record = {"step": step, "split": split, "world_size": self.world_size, **values}
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        scalars = {f"{split}/{k}": v for k, v in values.items() if isinstance(v, (int, float))}
+        self.accelerator.log(scalars, step=step)

@@ -1,0 +1,152 @@
+"""The Accelerator, the world it runs in, and the collectives that make rank-local facts agreed.
+
+Every collective of the start-up and of the per-step agreement lives in this module or in the
+loop, at fixed points that every rank reaches.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import TypeVar
+
+import torch
+from accelerate import Accelerator, DataLoaderConfiguration, InitProcessGroupKwargs
+from accelerate.logging import get_logger
+from accelerate.state import AcceleratorState, GradientState
+from accelerate.utils import GradientAccumulationPlugin
+
+from trainer.config import Config
+from trainer.errors import ConfigError, UserError
+
+logger = get_logger("trainer")
+T = TypeVar("T")
+
+
+def wants_cpu(device: str) -> bool:
+    """Whether the Accelerator must be created with ``cpu=True`` for ``--device``.
+
+    Without it, a launcher on a machine with no GPU starts N separate one-process worlds.
+    """
+    if device == "cpu":
+        return True
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda: no CUDA device is available on this machine")
+        return False
+    if device == "auto":
+        return not torch.cuda.is_available()
+    raise ConfigError(f"--device {device}: expected auto, cpu or cuda")
+
+
+def build_accelerator(
+    cfg: Config,
+    device: str,
+    project_dir: str | None,
+    log_with: Sequence[str] | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+) -> Accelerator:
+    """Create the one Accelerator of a run and check the world it sees.
+
+    ``scaler`` replaces accelerate's GradScaler (tests use a CPU GradScaler to exercise the
+    shared-scaler path, which accelerate does not create on the CPU).
+    """
+    cpu = wants_cpu(device)
+    if cfg.distributed.debug:
+        # Read by torch when the process group starts: checks that every rank runs the same
+        # collective and reports the mismatch instead of hanging.
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    # A previous run in this process (a notebook, a test) leaves accelerate's singletons set.
+    AcceleratorState._reset_state()
+    GradientState._reset_state()
+    accelerator = Accelerator(
+        cpu=cpu,
+        mixed_precision=cfg.training.mixed_precision or None,
+        gradient_accumulation_plugin=GradientAccumulationPlugin(
+            num_steps=cfg.training.gradient_accumulation_steps,
+            # Each phase takes exactly `gradient_accumulation_steps` micro-batches from an
+            # endless stream, so an epoch boundary must not force an early sync.
+            sync_with_dataloader=False,
+        ),
+        # The learning rate is a function of the optimizer step alone, not of the world size.
+        step_scheduler_with_optimizer=False,
+        dataloader_config=DataLoaderConfiguration(
+            use_seedable_sampler=True, data_seed=cfg.training.seed
+        ),
+        kwargs_handlers=[
+            InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.distributed.timeout_s))
+        ],
+        log_with=list(log_with) if log_with else None,
+        project_dir=project_dir,
+    )
+    if scaler is not None:
+        accelerator.scaler = scaler
+    check_world(accelerator)
+    return accelerator
+
+
+def release_accelerator() -> None:
+    """Forget accelerate's per-run singletons so that a later run in this process starts clean."""
+    AcceleratorState._reset_state()
+    GradientState._reset_state()
+
+
+def check_world(accelerator: Accelerator) -> None:
+    """Fail on every rank when the launcher's world size is not the one Accelerate built."""
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched != accelerator.num_processes:
+        raise UserError(
+            f"rank {os.environ.get('RANK', '?')}: the launcher started {launched} processes but "
+            f"this one sees a world of {accelerator.num_processes} "
+            f"({accelerator.distributed_type}); use --device cpu on a machine without GPUs"
+        )
+
+
+def describe_rank(accelerator: Accelerator) -> str:
+    """One line naming host, rank, local rank and device."""
+    device = accelerator.device
+    detail = ""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        detail = f" ({props.name}, uuid {getattr(props, 'uuid', '?')})"
+    return (
+        f"host {socket.gethostname()} rank {accelerator.process_index}/{accelerator.num_processes} "
+        f"local rank {accelerator.local_process_index} device {device}{detail}"
+    )
+
+
+def any_rank(accelerator: Accelerator, flags: Sequence[bool]) -> list[bool]:
+    """For each flag, whether it is set on any rank: one all-reduce for the whole vector."""
+    local = torch.tensor([float(f) for f in flags], device=accelerator.device)
+    if accelerator.num_processes > 1:
+        local = accelerator.reduce(local, reduction="sum")
+    return [bool(v > 0) for v in local.tolist()]
+
+
+def ranks_with(accelerator: Accelerator, flag: bool) -> list[int]:
+    """The ranks on which ``flag`` is set (one all-gather)."""
+    flags = torch.tensor([float(flag)], device=accelerator.device)
+    gathered = accelerator.gather(flags) if accelerator.num_processes > 1 else flags
+    return [rank for rank, value in enumerate(gathered.tolist()) if value > 0]
+
+
+def agreed(accelerator: Accelerator, what: str, action: Callable[[], T]) -> T:
+    """Run ``action`` on every rank; if it fails with a UserError on any rank, fail on all.
+
+    The rank that failed re-raises its own error; the others raise one naming that rank, so no
+    rank is left waiting in a later collective.
+    """
+    error: UserError | None = None
+    result = None
+    try:
+        result = action()
+    except UserError as exc:
+        error = exc
+    failed = ranks_with(accelerator, error is not None)
+    if error is not None:
+        raise error
+    if failed:
+        raise UserError(f"{what} failed on rank(s) {', '.join(map(str, failed))}; see that rank's error")
+    return result

@@ -1,0 +1,42 @@
+"""Built-in recipes and the loader for ``task: package.module:Class``."""
+
+from __future__ import annotations
+
+import importlib
+
+from trainer.config import RunConfig
+from trainer.errors import ConfigError
+from trainer.schema import suggestion
+from trainer.tasks.base import NoOptions, Penalties, Task
+
+BUILT_IN = {
+    "gaussian_mixture": "trainer.tasks.gaussian_mixture:GaussianMixtureTask",
+}
+
+__all__ = ["BUILT_IN", "NoOptions", "Penalties", "Task", "load_task"]
+
+
+def task_class(name: str, source: str = "config") -> type[Task]:
+    """Resolve a built-in recipe name or ``package.module:Class`` to a Task subclass."""
+    target = BUILT_IN.get(name, name)
+    if ":" not in target:
+        raise ConfigError(
+            f"{source}: key 'task' is {name!r}, neither a built-in recipe "
+            f"({', '.join(BUILT_IN)}) nor package.module:Class" + suggestion(name, BUILT_IN)
+        )
+    module_name, _, class_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"{source}: key 'task': cannot import {module_name!r}: {exc}") from None
+    cls = getattr(module, class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Task)):
+        raise ConfigError(
+            f"{source}: key 'task': {target!r} is not a subclass of trainer.tasks.Task"
+        )
+    return cls
+
+
+def load_task(run: RunConfig) -> Task:
+    """Instantiate the configured task (this also checks its options and model configs)."""
+    return task_class(run.config.task, run.source)(run)

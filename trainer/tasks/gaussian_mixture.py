@@ -1,0 +1,216 @@
+"""Recipe ``gaussian_mixture``: MLP G and D on the 2-D ring and grid of the mode-collapse
+literature, scored by modes captured, high-quality samples and reverse KL."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from trainer.errors import ConfigError, DataError
+from trainer.tasks.base import Task
+
+
+@dataclass
+class GaussianMixtureOptions:
+    mixture: Literal["ring", "grid"] = "ring"
+    #: PacGAN packing: the discriminator judges this many samples at once
+    packing: int = 1
+    #: write a scatter plot of generated vs real points at each eval (needs matplotlib)
+    plot: bool = True
+
+
+@dataclass
+class GeneratorConfig:
+    latent_dim: int = 2
+    hidden_dim: int = 400
+    num_layers: int = 4
+
+
+@dataclass
+class DiscriminatorConfig:
+    hidden_dim: int = 200
+    num_layers: int = 3
+
+
+def mlp(in_dim: int, hidden_dim: int, num_layers: int, out_dim: int) -> nn.Sequential:
+    """``num_layers`` hidden ReLU layers of ``hidden_dim``, then a linear output."""
+    layers: list[nn.Module] = []
+    for i in range(num_layers):
+        layers += [nn.Linear(in_dim if i == 0 else hidden_dim, hidden_dim), nn.ReLU()]
+    layers.append(nn.Linear(hidden_dim if num_layers else in_dim, out_dim))
+    return nn.Sequential(*layers)
+
+
+def mixture_modes(mixture: str) -> tuple[torch.Tensor, float]:
+    """Mode centres and the per-mode std of the ring (8 on the unit circle, std 0.01) or the
+    grid (25 at {-4,-2,0,2,4}^2, std 0.05)."""
+    if mixture == "ring":
+        angles = torch.arange(8, dtype=torch.float64) * (2 * math.pi / 8)
+        return torch.stack([angles.cos(), angles.sin()], dim=1).float(), 0.01
+    axis = torch.arange(-4.0, 5.0, 2.0)
+    return torch.cartesian_prod(axis, axis), 0.05
+
+
+def sample_mixture(mixture: str, num: int, seed: int) -> torch.Tensor:
+    """``num`` points from the mixture, reproducible from ``seed``."""
+    centres, std = mixture_modes(mixture)
+    rng = torch.Generator().manual_seed(seed)
+    which = torch.randint(len(centres), (num,), generator=rng)
+    return centres[which] + std * torch.randn(num, 2, generator=rng)
+
+
+class TensorRows(torch.utils.data.Dataset):
+    """Rows of one or more tensors; a batch of indices is one indexing operation.
+
+    ``__getitems__`` lets the DataLoader fetch a whole batch at once instead of collating
+    rows one by one, which matters for a model this small.
+    """
+
+    def __init__(self, **columns: torch.Tensor) -> None:
+        self.columns = columns
+        self.length = len(next(iter(columns.values())))
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {name: col[index] for name, col in self.columns.items()}
+
+    def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        index = torch.as_tensor(indices)
+        return {name: col[index] for name, col in self.columns.items()}
+
+
+def read_points(path: str) -> torch.Tensor:
+    """Points from a local jsonl/csv/parquet file with columns x and y, read with ``datasets``.
+
+    A missing or non-numeric value is rejected with its row number (1 = first data row).
+    """
+    import datasets
+
+    kinds = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+    kind = kinds.get(Path(path).suffix.lower())
+    if kind is None:
+        raise DataError(f"{path}: unsupported data file type; use .jsonl, .csv or .parquet")
+    try:
+        table = datasets.load_dataset(kind, data_files=path, split="train", keep_in_memory=True)
+    except Exception as exc:  # datasets raises many types for unreadable files
+        raise DataError(f"{path}: cannot read: {str(exc).splitlines()[0]}") from None
+    missing = [c for c in ("x", "y") if c not in table.column_names]
+    if missing:
+        raise DataError(f"{path}: missing column(s) {', '.join(missing)}; found {table.column_names}")
+    columns = []
+    for name in ("x", "y"):
+        values = table[name]
+        for row, value in enumerate(values, start=1):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise DataError(f"{path}: row {row}: column '{name}' is {value!r}, not a finite number")
+        columns.append(torch.tensor(values, dtype=torch.float32))
+    if not columns[0].numel():
+        raise DataError(f"{path}: no rows")
+    return torch.stack(columns, dim=1)
+
+
+class GaussianMixtureTask(Task):
+    """MLP generator and discriminator on a 2-D Gaussian mixture (optionally PacGAN-packed)."""
+
+    Options = GaussianMixtureOptions
+    GeneratorConfig = GeneratorConfig
+    DiscriminatorConfig = DiscriminatorConfig
+
+    def __init__(self, run: Any) -> None:
+        super().__init__(run)
+        packing, batch_size = self.options.packing, self.config.training.batch_size
+        if packing < 1 or batch_size % packing:
+            raise ConfigError(
+                f"{run.source}: key 'task_options.packing' ({packing}) must be at least 1 "
+                f"and divide training.batch_size ({batch_size})"
+            )
+        self.centres, self.std = mixture_modes(self.options.mixture)
+
+    def build_generator(self) -> nn.Module:
+        g = self.generator_config
+        return mlp(g.latent_dim, g.hidden_dim, g.num_layers, 2)
+
+    def build_discriminator(self) -> nn.Module:
+        d = self.discriminator_config
+        return mlp(2 * self.options.packing, d.hidden_dim, d.num_layers, 1)
+
+    def collate(self, items: Any) -> Any:
+        return items  # TensorRows.__getitems__ already returns the batch
+
+    def train_dataset(self) -> torch.utils.data.Dataset:
+        data = self.config.data
+        if data.path:
+            return TensorRows(points=read_points(data.path))
+        return TensorRows(points=sample_mixture(self.options.mixture, data.train_size, self.config.training.seed))
+
+    def eval_dataset(self) -> torch.utils.data.Dataset:
+        # Real points and the latents to generate from are fixed by the seed, so an eval
+        # scores the same samples whatever the number of processes.
+        size = self.config.data.eval_size
+        seed = self.config.training.seed + 1
+        latents = torch.randn(size, self.generator_config.latent_dim, generator=torch.Generator().manual_seed(seed))
+        return TensorRows(real=sample_mixture(self.options.mixture, size, seed), latent=latents)
+
+    def real(self, batch: Any) -> torch.Tensor:
+        return batch["points"]
+
+    def generate(self, generator: nn.Module, num: int, rng: torch.Generator, batch: Any = None) -> torch.Tensor:
+        latent_dim = self.generator_config.latent_dim
+        return generator(torch.randn(num, latent_dim, generator=rng, device=rng.device))
+
+    def score(self, discriminator: nn.Module, samples: torch.Tensor) -> torch.Tensor:
+        return discriminator(samples.reshape(-1, 2 * self.options.packing)).reshape(-1)
+
+    def eval_outputs(self, generator: nn.Module, discriminator: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+        return {"fake": generator(batch["latent"]).float(), "real": batch["real"]}
+
+    def eval_metrics(self, outputs: dict[str, torch.Tensor]) -> dict[str, float]:
+        fake = outputs["fake"].double()
+        centres = self.centres.to(fake)
+        distance, nearest = torch.cdist(fake, centres).min(dim=1)
+        good = distance <= 3 * self.std
+        counts = torch.bincount(nearest[good], minlength=len(centres)).double()
+        num_modes = len(centres)
+        if counts.sum() > 0:
+            share = counts / counts.sum()
+            present = share > 0
+            reverse_kl = float((share[present] * (share[present] * num_modes).log()).sum())
+        else:
+            reverse_kl = math.log(num_modes)
+        return {
+            "modes": int((counts > 0).sum()),
+            "high_quality": float(good.double().mean()),
+            "reverse_kl": reverse_kl,
+        }
+
+    def on_eval(self, step: int, outputs: dict[str, torch.Tensor], output_dir: Path, trackers: list[Any]) -> None:
+        if not self.options.plot:
+            return
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            return
+        fig, ax = plt.subplots(figsize=(5, 5))
+        real, fake = outputs["real"].cpu(), outputs["fake"].cpu()
+        ax.scatter(real[:, 0], real[:, 1], s=2, c="tab:blue", alpha=0.5, label="real")
+        ax.scatter(fake[:, 0], fake[:, 1], s=2, c="tab:red", alpha=0.5, label="generated")
+        ax.set_title(f"{self.options.mixture}, step {step}")
+        ax.set_aspect("equal")
+        ax.legend(loc="upper right", markerscale=4)
+        path = output_dir / "samples" / f"step-{step:07d}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100)
+        for tracker in trackers:
+            if tracker.name == "tensorboard":
+                tracker.writer.add_figure("samples", fig, global_step=step)
+        plt.close(fig)
