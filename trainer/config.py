@@ -76,7 +76,8 @@ class TrainingSection:
     r1_interval: int = 1
     #: accelerate trackers; "auto" means tensorboard when it is installed
     log_with: list[str] = field(default_factory=lambda: ["auto"])
-    project_name: str = "trainer"
+    #: tracker project (tensorboard writes under OUTPUT/<project_name>)
+    project_name: str = "tensorboard"
     num_workers: int = 0
 
 

@@ -326,10 +326,12 @@ class Trainer:
                 elapsed = time.monotonic() - window_start
                 self._log_train(state.step - window_step, elapsed)
                 window_start, window_step = time.monotonic(), state.step
+            paused = time.monotonic()
             if state.step % t.eval_every == 0 or last:
                 last_eval = self._evaluate()
             if state.step % t.save_every == 0 or last:
                 self._save()
+            window_start += time.monotonic() - paused  # throughput counts training time only
             if stop:
                 logger.info(f"training.max_time reached: stopped at step {state.step} after saving")
                 break

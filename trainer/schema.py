@@ -85,6 +85,9 @@ def _convert(value: Any, tp: Any, source: str, key: str) -> Any:
                 continue
         raise bad()
     if origin is Literal:
+        if isinstance(value, bool) and "no" in get_args(tp):
+            # YAML 1.1 reads an unquoted no/yes as a boolean.
+            value = "yes" if value else "no"
         if value not in get_args(tp):
             raise ConfigError(
                 f"{source}: key '{key}' must be {_type_name(tp)}, got {value!r}"

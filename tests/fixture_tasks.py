@@ -1,0 +1,62 @@
+"""Tasks used by the tests, loaded by launched runs as ``fixture_tasks:Class``."""
+
+from __future__ import annotations
+
+import torch
+
+from trainer.tasks.gaussian_mixture import GaussianMixtureTask
+
+FIXED_LATENTS = torch.randn(64, 2, generator=torch.Generator().manual_seed(99))
+
+
+class FixedNoiseMixture(GaussianMixtureTask):
+    """The ring recipe with the same latent rows at every call, so that the samples of a step
+    are known to a hand-written reference whatever the number of processes."""
+
+    def generate(self, generator, num, rng, batch=None):
+        return generator(FIXED_LATENTS[:num].to(rng.device))
+
+
+class OverflowOnce(GaussianMixtureTask):
+    """Makes the discriminator's loss infinite on its second micro-batch call of step 2."""
+
+    calls = 0
+
+    def discriminator_loss(self, discriminator, real, fake, rng, penalties):
+        loss, parts = super().discriminator_loss(discriminator, real, fake, rng, penalties)
+        OverflowOnce.calls += 1
+        if OverflowOnce.calls == 2:
+            loss = loss * float("inf")
+        return loss, parts
+
+
+class ReducerWatch(FixedNoiseMixture):
+    """FixedNoiseMixture that counts the discriminator's DDP all-reduces and fails the run if
+    any happens between the start of a generator phase and the next discriminator phase."""
+
+    reductions = 0
+    seen_at_generator_phase: int | None = None
+
+    def discriminator_loss(self, discriminator, real, fake, rng, penalties):
+        cls = ReducerWatch
+        if isinstance(discriminator, torch.nn.parallel.DistributedDataParallel):
+            if not getattr(discriminator, "_test_hooked", False):
+                from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+                def counting(state, bucket):
+                    cls.reductions += 1
+                    return allreduce_hook(None, bucket)
+
+                discriminator.register_comm_hook(None, counting)
+                discriminator._test_hooked = True
+        if cls.seen_at_generator_phase is not None and cls.reductions != cls.seen_at_generator_phase:
+            raise RuntimeError("the discriminator's DDP reducer ran during the generator phase")
+        cls.seen_at_generator_phase = None
+        return super().discriminator_loss(discriminator, real, fake, rng, penalties)
+
+    def generator_loss(self, generator, discriminator, num, rng, batch=None):
+        if isinstance(discriminator, torch.nn.parallel.DistributedDataParallel):
+            raise RuntimeError("the generator phase got the DDP-wrapped discriminator")
+        if ReducerWatch.seen_at_generator_phase is None:
+            ReducerWatch.seen_at_generator_phase = ReducerWatch.reductions
+        return super().generator_loss(generator, discriminator, num, rng, batch)

@@ -1,0 +1,145 @@
+"""The loop's updates against a plain-torch reference written out by hand, in 1 and 2 processes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fixture_tasks import FIXED_LATENTS
+from helpers import TINY_DISCRIMINATOR, TINY_GENERATOR, check, launch, records, write_run
+from safetensors.torch import load_file, save_file
+from transformers import get_scheduler
+
+from trainer.config import load_config
+from trainer.loop import Trainer
+from trainer.tasks.gaussian_mixture import mlp, sample_mixture
+
+STEPS, D_STEPS, BATCH, TRAIN_SIZE, SEED = 3, 2, 2, 8, 5
+LR_G, LR_D, CLIP_D = 2e-3, 1e-3, 0.05
+
+
+def initial_models():
+    torch.manual_seed(123)
+    g = mlp(2, TINY_GENERATOR["hidden_dim"], TINY_GENERATOR["num_layers"], 2)
+    d = mlp(2, TINY_DISCRIMINATOR["hidden_dim"], TINY_DISCRIMINATOR["num_layers"], 1)
+    return g, d
+
+
+def reference():
+    """Plain torch: each D step sees all 8 real points (one epoch per D phase, whatever the
+    split into processes and micro-batches) and the fixed latents; each G step the latents."""
+    g, d = initial_models()
+    opt_g = torch.optim.Adam(g.parameters(), lr=LR_G, betas=(0.5, 0.999))
+    opt_d = torch.optim.Adam(d.parameters(), lr=LR_D, betas=(0.5, 0.999))
+    sched_g = get_scheduler("linear", opt_g, num_warmup_steps=1, num_training_steps=STEPS)
+    sched_d = get_scheduler("linear", opt_d, num_warmup_steps=1, num_training_steps=STEPS * D_STEPS)
+    real = sample_mixture("ring", TRAIN_SIZE, SEED)
+    z = FIXED_LATENTS[:BATCH]
+    for _ in range(STEPS):
+        for _ in range(D_STEPS):
+            fake = g(z).detach()
+            loss = F.softplus(-d(real)).mean() + F.softplus(d(fake)).mean()
+            opt_d.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(d.parameters(), CLIP_D)
+            opt_d.step()
+            sched_d.step()
+        opt_g.zero_grad()
+        for p in d.parameters():
+            p.requires_grad_(False)
+        F.softplus(-d(g(z))).mean().backward()
+        for p in d.parameters():
+            p.requires_grad_(True)
+        opt_g.step()
+        sched_g.step()
+    return g.state_dict(), d.state_dict()
+
+
+def expected_lr(base, step, total):
+    """transformers' linear schedule with one warm-up step, after ``step`` scheduler steps."""
+    return base * (step / 1 if step < 1 else max(0.0, (total - step) / (total - 1)))
+
+
+def write_reference_run(tmp_path, accumulation, task="fixture_tasks:ReducerWatch"):
+    g, d = initial_models()
+    save_file(g.state_dict(), str(tmp_path / "g.safetensors"))
+    save_file(d.state_dict(), str(tmp_path / "d.safetensors"))
+    return write_run(
+        tmp_path,
+        {
+            "task": task,
+            "training": {
+                "max_steps": STEPS,
+                "batch_size": BATCH,
+                "gradient_accumulation_steps": accumulation,
+                "d_steps_per_g_step": D_STEPS,
+                "seed": SEED,
+                "eval_every": 100,
+                "save_every": 100,
+            },
+            "optim": {
+                "generator": {"lr": LR_G, "scheduler": "linear", "warmup_steps": 1},
+                "discriminator": {"lr": LR_D, "scheduler": "linear", "warmup_steps": 1, "max_grad_norm": CLIP_D},
+            },
+            "data": {"train_size": TRAIN_SIZE},
+            "init": {"generator": str(tmp_path / "g.safetensors"), "discriminator": str(tmp_path / "d.safetensors")},
+        },
+    )
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("processes", [1, 2])
+def test_updates_equal_reference(tmp_path, processes):
+    # Same micro-batch size, so 1 x 4 and 2 x 2 micro-batches make the same global batch.
+    accumulation = 4 // processes
+    config = write_reference_run(tmp_path, accumulation)
+    check(launch(["--config", str(config), "--device", "cpu"], processes))
+    out = tmp_path / "out"
+    ref_g, ref_d = reference()
+    got_g = load_file(out / "final" / "generator" / "model.safetensors")
+    got_d = load_file(out / "final" / "discriminator" / "model.safetensors")
+    initial_g, _ = initial_models()
+    assert any(not torch.equal(got_g[k], v) for k, v in initial_g.state_dict().items())
+    for key, value in ref_g.items():
+        torch.testing.assert_close(got_g[key], value, rtol=1e-5, atol=1e-6)
+    for key, value in ref_d.items():
+        torch.testing.assert_close(got_d[key], value, rtol=1e-5, atol=1e-6)
+
+    train = records(out, "train")
+    assert [r["step"] for r in train] == [1, 2, 3]
+    assert all(r["world_size"] == processes for r in train)
+    for r in train:
+        assert r["lr_g"] == pytest.approx(expected_lr(LR_G, r["step"], STEPS), abs=1e-12)
+        assert r["lr_d"] == pytest.approx(expected_lr(LR_D, r["step"] * D_STEPS, STEPS * D_STEPS), abs=1e-12)
+    assert train[-1]["d_steps"] == STEPS * D_STEPS and train[-1]["g_steps"] == STEPS
+
+    # Exactly `accumulation` micro-batches per D phase: the data position says how many
+    # batches each rank took (the G phase of this task takes none).
+    state = json.loads((out / "checkpoints" / "step-0000003" / "trainer_state.json").read_text())
+    batches_per_epoch = TRAIN_SIZE // (BATCH * processes)
+    assert state["epoch"] * batches_per_epoch + state["position"] == STEPS * D_STEPS * accumulation
+
+
+@pytest.mark.timeout(120)
+def test_generator_phase_leaves_discriminator_untouched(tmp_path):
+    config = write_reference_run(tmp_path, 2, task="fixture_tasks:FixedNoiseMixture")
+    trainer = Trainer(load_config(config), device="cpu")
+    try:
+        trainer._setup()
+        trainer.discriminator_phase(measure_norm=False)
+        d_before = {k: v.clone() for k, v in trainer.d.model.state_dict().items()}
+        g_before = {k: v.clone() for k, v in trainer.g.model.state_dict().items()}
+        # The first step of the linear warm-up has learning rate 0; the second moves G.
+        for _ in range(2):
+            trainer.generator_phase(measure_norm=False)
+        for key, value in trainer.d.model.state_dict().items():
+            assert torch.equal(value, d_before[key]), key
+        assert all(p.grad is None for p in trainer.d.model.parameters())
+        assert all(p.requires_grad for p in trainer.d.model.parameters())
+        assert any(not torch.equal(v, g_before[k]) for k, v in trainer.g.model.state_dict().items())
+    finally:
+        from trainer.runtime import release_accelerator
+
+        release_accelerator()
