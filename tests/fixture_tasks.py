@@ -60,3 +60,32 @@ class ReducerWatch(FixedNoiseMixture):
         if ReducerWatch.seen_at_generator_phase is None:
             ReducerWatch.seen_at_generator_phase = ReducerWatch.reductions
         return super().generator_loss(generator, discriminator, num, rng, batch)
+
+
+class IndexedEval(GaussianMixtureTask):
+    """Eval outputs carry each sample's index and a row whose length differs by rank, so a test
+    can see that every eval sample was scored exactly once after padding and gathering."""
+
+    eval_pad_value = -1
+
+    def eval_dataset(self):
+        dataset = super().eval_dataset()
+        dataset.columns["index"] = torch.arange(len(dataset))
+        return dataset
+
+    def eval_outputs(self, generator, discriminator, batch):
+        outputs = super().eval_outputs(generator, discriminator, batch)
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        outputs["index"] = batch["index"]
+        outputs["row"] = batch["index"][:, None].repeat(1, 3 + rank)
+        return outputs
+
+    def eval_metrics(self, outputs):
+        metrics = super().eval_metrics(outputs)
+        index, row = outputs["index"], outputs["row"]
+        filled = row != -1
+        metrics["distinct"] = int(index.unique().numel())
+        metrics["index_sum"] = int(index.sum())
+        metrics["rows_match"] = bool(((row == index[:, None]) | ~filled).all())
+        metrics["row_lengths"] = sorted(set(filled.sum(dim=1).tolist()))
+        return metrics

@@ -1,0 +1,81 @@
+"""A run resumed from a checkpoint ends bit-identical to the uninterrupted run."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from helpers import check, launch, records, write_run
+from safetensors.torch import load_file
+
+from trainer.checkpoint import STATE_NAME, resolve_resume
+
+TIMING = ("samples_per_s", "steps_per_s")
+
+
+def weights(directory):
+    return {
+        role: load_file(directory / role / "model.safetensors") for role in ("generator", "discriminator")
+    }
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("processes", [1, 2])
+def test_resume_is_bit_identical(tmp_path, processes):
+    # 40 samples in batches of 4 with 2 micro-batches per phase: the checkpoint at step 3
+    # falls in the middle of an epoch, with Adam state, a decaying learning rate and the
+    # noise generator all mid-way.
+    config = write_run(
+        tmp_path,
+        {
+            "training": {
+                "max_steps": 6,
+                "save_every": 3,
+                "eval_every": 2,
+                "gradient_accumulation_steps": 2,
+                "best_metric": "reverse_kl",
+            },
+            "optim": {"generator": {"scheduler": "linear"}, "discriminator": {"scheduler": "cosine"}},
+            "data": {"train_size": 40},
+        },
+    )
+    out = tmp_path / "out"
+    args = ["--config", str(config), "--device", "cpu"]
+    check(launch(args, processes))
+    uninterrupted = weights(out / "final")
+    uninterrupted_records = records(out)
+    shutil.copytree(out / "final", tmp_path / "final-uninterrupted")
+
+    # Without the old records, those the resumed run writes show where it started.
+    (out / "metrics.jsonl").unlink()
+    result = check(launch([*args, "--resume", str(out / "checkpoints" / "step-0000003")], processes))
+    assert "at step 3" in result.stderr
+    resumed = weights(out / "final")
+    for role in resumed:
+        assert resumed[role].keys() == uninterrupted[role].keys()
+        for key, value in resumed[role].items():
+            assert torch.equal(value, uninterrupted[role][key]), f"{role}.{key} differs after resume"
+
+    resumed_records = records(out)
+    pairs = [(r["split"], r["step"]) for r in resumed_records]
+    assert len(pairs) == len(set(pairs))
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in TIMING} for r in rs]  # noqa: E731
+    assert min(pairs, key=lambda p: p[1])[1] == 4
+    assert strip(resumed_records) == strip([r for r in uninterrupted_records if r["step"] > 3])
+    assert all(r["world_size"] == processes for r in resumed_records)
+
+
+def test_latest_is_the_newest_complete_checkpoint(tmp_path):
+    root = tmp_path / "checkpoints"
+    for name, complete in [
+        ("step-0000003", True),
+        ("step-0000012", True),
+        ("step-0000020", False),  # no trainer_state.json: its writer died
+        (".partial-step-0000030", True),  # never renamed
+    ]:
+        (root / name).mkdir(parents=True)
+        if complete:
+            (root / name / STATE_NAME).write_text("{}")
+    assert resolve_resume("latest", tmp_path) == root / "step-0000012"
+    assert resolve_resume("latest", tmp_path / "elsewhere") is None
