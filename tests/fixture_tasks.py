@@ -17,17 +17,14 @@ class FixedNoiseMixture(GaussianMixtureTask):
         return generator(FIXED_LATENTS[:num].to(rng.device))
 
 
-class OverflowOnce(GaussianMixtureTask):
-    """Makes the discriminator's loss infinite on its second micro-batch call of step 2."""
+class Overflow(GaussianMixtureTask):
+    """Makes the discriminator's loss infinite while ``armed`` is set."""
 
-    calls = 0
+    armed = False
 
     def discriminator_loss(self, discriminator, real, fake, rng, penalties):
         loss, parts = super().discriminator_loss(discriminator, real, fake, rng, penalties)
-        OverflowOnce.calls += 1
-        if OverflowOnce.calls == 2:
-            loss = loss * float("inf")
-        return loss, parts
+        return (loss * float("inf") if Overflow.armed else loss), parts
 
 
 class ReducerWatch(FixedNoiseMixture):

@@ -23,6 +23,7 @@ TINY_DISCRIMINATOR = {"hidden_dim": 16, "num_layers": 2}
 
 def write_run(tmp: Path, config: dict[str, Any]) -> Path:
     """Write a tiny ring run (tiny MLPs) merged with ``config``; returns the config path."""
+    tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "generator.yaml").write_text(yaml.safe_dump(TINY_GENERATOR))
     (tmp / "discriminator.yaml").write_text(yaml.safe_dump(TINY_DISCRIMINATOR))
     base: dict[str, Any] = {
