@@ -55,7 +55,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         metrics = Trainer(run, device=args.device, resume=args.resume).fit()
     except UserError as exc:
-        print(f"error (rank {rank}): {exc}", file=sys.stderr)
+        print(f"error (rank {rank}): {exc}", file=sys.stderr, flush=True)
+        if exc.agreed:
+            # Every rank fails here; wait until all have said why before the launcher,
+            # seeing the first exit, ends the others.
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.barrier()
         return exc.exit_code
     if rank == "0":
         print(json.dumps({"final_eval": metrics}))

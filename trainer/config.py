@@ -144,29 +144,34 @@ def parse_override(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise ConfigError(f"--set {text}: expected dotted.key=value")
     key, raw = text.split("=", 1)
-    key = key.strip()
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
-    return key, value
+    return key.strip(), value
+
+
+def check_override_key(key: str) -> None:
+    """Raise a ConfigError unless ``key`` names a field of Config (or lies in a free mapping)."""
+    tp: Any = Config
+    walked: list[str] = []
+    for part in key.split("."):
+        if tp is dict or get_origin(tp) is dict:
+            return  # below task_options: checked by the task against its own schema
+        if not dataclasses.is_dataclass(tp):
+            raise ConfigError(f"--set {key}: '{'.'.join(walked)}' has no sub-keys")
+        try:
+            tp = field_type(tp, part, "".join(f"{w}." for w in walked))
+        except KeyError as exc:
+            raise ConfigError(f"--set {key}: {exc.args[0]}") from None
+        walked.append(part)
 
 
 def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> None:
     """Set each dotted key of ``overrides`` in the raw mapping ``data`` (checked against Config)."""
     for key, value in overrides.items():
+        check_override_key(key)
         parts = key.split(".")
-        # A key below a free-form mapping (task_options.x) is checked later by its owner.
-        for depth in range(len(parts), 0, -1):
-            try:
-                tp = field_type(Config, ".".join(parts[:depth]))
-            except KeyError as exc:
-                if depth == 1:
-                    raise ConfigError(f"--set {key}: {exc.args[0]}") from None
-                continue
-            if depth < len(parts) and get_origin(tp) is not dict and tp is not dict:
-                raise ConfigError(f"--set {key}: '{'.'.join(parts[:depth])}' has no sub-keys")
-            break
         node = data
         for part in parts[:-1]:
             child = node.get(part)

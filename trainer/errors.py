@@ -7,6 +7,8 @@ class UserError(Exception):
     """Bad input from the user (config, data, checkpoint): reported as one line, exit status 2."""
 
     exit_code = 2
+    #: set when every rank is known to fail with this error at the same point of the run
+    agreed = False
 
 
 class ConfigError(UserError):

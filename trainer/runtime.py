@@ -145,8 +145,9 @@ def agreed(accelerator: Accelerator, what: str, action: Callable[[], T]) -> T:
     except UserError as exc:
         error = exc
     failed = ranks_with(accelerator, error is not None)
-    if error is not None:
-        raise error
     if failed:
-        raise UserError(f"{what} failed on rank(s) {', '.join(map(str, failed))}; see that rank's error")
+        if error is None:
+            error = UserError(f"{what} failed on rank(s) {', '.join(map(str, failed))}; see that rank's error")
+        error.agreed = True
+        raise error
     return result

@@ -40,10 +40,10 @@ def read_yaml(path: str | Path, what: str = "config") -> dict[str, Any]:
     return data
 
 
-def suggestion(name: str, valid: typing.Iterable[str]) -> str:
-    """A ``; did you mean 'x'?`` suffix when a close match exists, else an empty string."""
+def suggestion(name: str, valid: typing.Iterable[str], prefix: str = "") -> str:
+    """A ``; did you mean 'prefix.x'?`` suffix when a close match exists, else ''."""
     close = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.6)
-    return f"; did you mean '{close[0]}'?" if close else ""
+    return f"; did you mean '{prefix}{close[0]}'?" if close else ""
 
 
 def _type_name(tp: Any) -> str:
@@ -136,7 +136,7 @@ def from_mapping(cls: type[T], data: dict[str, Any], source: str, prefix: str = 
     for name in data:
         if name not in fields:
             raise ConfigError(
-                f"{source}: unknown key '{prefix}{name}'" + suggestion(str(name), fields)
+                f"{source}: unknown key '{prefix}{name}'" + suggestion(str(name), fields, prefix)
             )
     kwargs = {}
     for name, field in fields.items():
@@ -158,16 +158,10 @@ def to_mapping(obj: Any) -> Any:
     return obj
 
 
-def field_type(cls: type, dotted: str) -> Any:
-    """The declared type of ``dotted`` inside dataclass ``cls``, or raise KeyError with a hint."""
-    tp: Any = cls
-    walked = []
-    for part in dotted.split("."):
-        if not dataclasses.is_dataclass(tp):
-            raise KeyError(f"'{'.'.join(walked)}' has no sub-keys")
-        hints = get_type_hints(tp)
-        if part not in hints:
-            raise KeyError(f"unknown key '{'.'.join([*walked, part])}'" + suggestion(part, hints))
-        tp = hints[part]
-        walked.append(part)
-    return tp
+def field_type(cls: type, name: str, prefix: str = "") -> Any:
+    """The declared type of field ``name`` of dataclass ``cls``, or KeyError with a hint;
+    ``prefix`` is the dotted path of ``cls`` in the config, for the message."""
+    hints = get_type_hints(cls)
+    if name not in hints:
+        raise KeyError(f"unknown key '{prefix}{name}'" + suggestion(name, hints, prefix))
+    return hints[name]
