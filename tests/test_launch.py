@@ -1,0 +1,56 @@
+"""The recipe through the real launcher writes every output of the contract."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from helpers import ROOT, check, launch, records
+from safetensors.torch import load_file
+
+from trainer.config import load_config
+
+
+@pytest.mark.timeout(300)
+def test_ring_recipe_two_processes_writes_the_contract(tmp_path):
+    out = tmp_path / "ring"
+    overrides = {
+        "training.max_steps": 60,
+        "training.eval_every": 20,
+        "training.save_every": 20,
+        "training.log_every": 10,
+        "training.keep_checkpoints": 2,
+        "training.log_with": "[tensorboard]",
+        "data.eval_size": 500,
+    }
+    args = ["--config", "configs/training/ring.yaml", "--output-dir", str(out), "--device", "cpu"]
+    for key, value in overrides.items():
+        args += ["--set", f"{key}={value}"]
+    check(launch(args, 2))
+
+    resolved = load_config(out / "config.yaml")  # the resolved config runs as it is
+    assert resolved.config.training.max_steps == 60 and resolved.config.output_dir == str(out)
+    assert resolved.generator == yaml.safe_load((ROOT / "configs/model/mlp_generator.yaml").read_text())
+
+    all_records = records(out)
+    assert all(r["world_size"] == 2 for r in all_records)
+    pairs = [(r["split"], r["step"]) for r in all_records]
+    assert len(pairs) == len(set(pairs))
+    assert [r["step"] for r in records(out, "train")] == [10, 20, 30, 40, 50, 60]
+    evals = records(out, "eval")
+    assert [r["step"] for r in evals] == [20, 40, 60]
+    assert all(r["num_samples"] == 500 and {"modes", "high_quality", "reverse_kl"} <= r.keys() for r in evals)
+    train = records(out, "train")[-1]
+    for key in ("d_loss", "g_loss", "lr_d", "lr_g", "grad_norm_d", "grad_norm_g", "skipped_d", "skipped_g", "samples_per_s"):
+        assert train[key] is not None, key
+
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000040", "step-0000060"]
+    checkpoint = out / "checkpoints" / "step-0000060"
+    for name in ("model.safetensors", "model_1.safetensors", "optimizer.bin", "scheduler.bin", "trainer_state.json",
+                 "random_states_0.pkl", "random_states_1.pkl", "rank_state_0.safetensors", "rank_state_1.safetensors"):
+        assert (checkpoint / name).is_file(), name
+    for kind in ("best", "final"):
+        for role in ("generator", "discriminator"):
+            assert sorted(p.name for p in (out / kind / role).iterdir()) == ["model.safetensors"]
+    assert load_file(out / "final" / "discriminator" / "model.safetensors")["0.weight"].shape == (200, 4)  # packing 2
+    assert sorted(p.name for p in (out / "samples").iterdir()) == [f"step-{s:07d}.png" for s in (20, 40, 60)]
+    assert list((out / "tensorboard").rglob("events.out.tfevents.*"))
