@@ -79,18 +79,29 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch(args: list[str], processes: int, timeout: int = LAUNCH_TIMEOUT, script: Path = SCRIPT) -> subprocess.CompletedProcess:
-    """Run the script in 1 process (plain python) or N (accelerate launch, the 8gpu config)."""
+def launch(
+    args: list[str], processes: int, timeout: int = LAUNCH_TIMEOUT, script: Path = SCRIPT, launcher: str = "accelerate"
+) -> subprocess.CompletedProcess:
+    """Run the script in 1 process (plain python) or N (accelerate launch with the 8gpu
+    config, or torchrun)."""
     if processes == 1:
         cmd = [sys.executable, str(script), *args]
+    elif launcher == "torchrun":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
+        cmd += [str(script), *args]
     else:
         cmd = [
-            sys.executable, "-m", "accelerate.commands.launch",
-            "--config_file", str(ROOT / "accelerate_configs" / "8gpu.yaml"),
-            "--num_processes", str(processes),
-            "--main_process_port", str(free_port()),
-            str(script), *args,
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(ROOT / "accelerate_configs" / "8gpu.yaml"),
+            "--num_processes",
+            str(processes),
+            "--main_process_port",
+            str(free_port()),
         ]
+        cmd += [str(script), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(), cwd=ROOT)
 
 

@@ -115,7 +115,9 @@ def test_overrides_are_typed(tmp_path):
     from trainer.config import load_config
 
     config = write_run(tmp_path, {})
-    run = load_config(config, ["training.max_steps=7", "optim.generator.betas=[0.0, 0.9]", "training.mixed_precision=no"])
+    run = load_config(
+        config, ["training.max_steps=7", "optim.generator.betas=[0.0, 0.9]", "training.mixed_precision=no"]
+    )
     assert run.config.training.max_steps == 7
     assert run.config.optim.generator.betas == [0.0, 0.9]
     assert run.config.training.mixed_precision == "no"
@@ -127,7 +129,11 @@ def test_config_error_in_a_subprocess_has_no_traceback(tmp_path):
     edit(config, lambda d: d["training"].update(batch_size=0))
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--config", str(config)],
-        capture_output=True, text=True, timeout=100, env=env(), cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        env=env(),
+        cwd=ROOT,
     )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr

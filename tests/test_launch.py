@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from helpers import ROOT, check, launch, records
+from helpers import ROOT, check, launch, records, write_run
 from safetensors.torch import load_file
 
 from trainer.config import load_config
+from trainer.errors import UserError
+from trainer.runtime import check_world
 
 
 @pytest.mark.timeout(300)
@@ -40,13 +42,32 @@ def test_ring_recipe_two_processes_writes_the_contract(tmp_path):
     assert [r["step"] for r in evals] == [20, 40, 60]
     assert all(r["num_samples"] == 500 and {"modes", "high_quality", "reverse_kl"} <= r.keys() for r in evals)
     train = records(out, "train")[-1]
-    for key in ("d_loss", "g_loss", "lr_d", "lr_g", "grad_norm_d", "grad_norm_g", "skipped_d", "skipped_g", "samples_per_s"):
+    for key in (
+        "d_loss",
+        "g_loss",
+        "lr_d",
+        "lr_g",
+        "grad_norm_d",
+        "grad_norm_g",
+        "skipped_d",
+        "skipped_g",
+        "samples_per_s",
+    ):
         assert train[key] is not None, key
 
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000040", "step-0000060"]
     checkpoint = out / "checkpoints" / "step-0000060"
-    for name in ("model.safetensors", "model_1.safetensors", "optimizer.bin", "scheduler.bin", "trainer_state.json",
-                 "random_states_0.pkl", "random_states_1.pkl", "rank_state_0.safetensors", "rank_state_1.safetensors"):
+    for name in (
+        "model.safetensors",
+        "model_1.safetensors",
+        "optimizer.bin",
+        "scheduler.bin",
+        "trainer_state.json",
+        "random_states_0.pkl",
+        "random_states_1.pkl",
+        "rank_state_0.safetensors",
+        "rank_state_1.safetensors",
+    ):
         assert (checkpoint / name).is_file(), name
     for kind in ("best", "final"):
         for role in ("generator", "discriminator"):
@@ -54,3 +75,22 @@ def test_ring_recipe_two_processes_writes_the_contract(tmp_path):
     assert load_file(out / "final" / "discriminator" / "model.safetensors")["0.weight"].shape == (200, 4)  # packing 2
     assert sorted(p.name for p in (out / "samples").iterdir()) == [f"step-{s:07d}.png" for s in (20, 40, 60)]
     assert list((out / "tensorboard").rglob("events.out.tfevents.*"))
+
+
+@pytest.mark.timeout(300)
+def test_torchrun_gives_one_world_of_two(tmp_path):
+    config = write_run(tmp_path, {"training": {"max_steps": 2}})
+    check(launch(["--config", str(config), "--device", "auto"], 2, launcher="torchrun"))
+    assert {r["world_size"] for r in records(tmp_path / "out")} == {2}
+    assert records(tmp_path / "out", "eval")[-1]["num_samples"] == 10
+
+
+def test_world_size_disagreeing_with_the_launcher_is_an_error(monkeypatch):
+    class OneProcessWorld:
+        num_processes = 1
+        distributed_type = "NO"
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(UserError, match="rank 1: the launcher started 2 processes but this one sees a world of 1"):
+        check_world(OneProcessWorld())

@@ -15,9 +15,7 @@ TIMING = ("samples_per_s", "steps_per_s")
 
 
 def weights(directory):
-    return {
-        role: load_file(directory / role / "model.safetensors") for role in ("generator", "discriminator")
-    }
+    return {role: load_file(directory / role / "model.safetensors") for role in ("generator", "discriminator")}
 
 
 @pytest.mark.timeout(420)

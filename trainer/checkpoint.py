@@ -96,7 +96,9 @@ def resolve_resume(resume: str, output_dir: Path) -> Path | None:
     return path
 
 
-def save_checkpoint(accelerator: Accelerator, output_dir: Path, state: TrainState, rank_state: dict[str, torch.Tensor], keep: int) -> Path:
+def save_checkpoint(
+    accelerator: Accelerator, output_dir: Path, state: TrainState, rank_state: dict[str, torch.Tensor], keep: int
+) -> Path:
     """Write the full training state to ``checkpoints/step-NNNNNNN`` on every rank.
 
     Everything is written under a temporary name; after every rank has finished, the main
@@ -130,8 +132,7 @@ def load_checkpoint(accelerator: Accelerator, path: Path) -> tuple[TrainState, d
         rank_file = path / f"rank_state_{accelerator.process_index}.safetensors"
         if not rank_file.is_file():
             raise CheckpointError(
-                f"{path}: no state for rank {accelerator.process_index}; it was written by a "
-                "run with fewer processes"
+                f"{path}: no state for rank {accelerator.process_index}; it was written by a run with fewer processes"
             )
         return state, load_file(str(rank_file), device="cpu")
     except CheckpointError:

@@ -19,9 +19,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", required=True, help="training config (YAML)")
     p.add_argument("--generator-config", help="generator model config (default: model.generator_config)")
-    p.add_argument(
-        "--discriminator-config", help="discriminator model config (default: model.discriminator_config)"
-    )
+    p.add_argument("--discriminator-config", help="discriminator model config (default: model.discriminator_config)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--output-dir", help="where outputs go (overrides output_dir)")
     p.add_argument("--resume", metavar="latest|PATH", help="continue from a checkpoint")

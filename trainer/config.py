@@ -243,8 +243,7 @@ def _check_scheduler(name: str, source: str, key: str) -> None:
     valid = [s.value for s in SchedulerType]
     if name not in valid:
         raise ConfigError(
-            f"{source}: key '{key}' must be one of {', '.join(valid)}, got {name!r}"
-            + suggestion(name, valid)
+            f"{source}: key '{key}' must be one of {', '.join(valid)}, got {name!r}" + suggestion(name, valid)
         )
 
 
@@ -276,9 +275,7 @@ def load_config(
     for role in ("generator", "discriminator"):
         model_path = getattr(cfg.model, f"{role}_config")
         if not model_path:
-            raise ConfigError(
-                f"{source}: key 'model.{role}_config' is empty and --{role}-config was not given"
-            )
+            raise ConfigError(f"{source}: key 'model.{role}_config' is empty and --{role}-config was not given")
         models[role] = read_yaml(model_path, f"{role} model config")
     return RunConfig(
         config=cfg,

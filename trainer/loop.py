@@ -115,7 +115,7 @@ def frozen(module: nn.Module) -> Iterator[nn.Module]:
     try:
         yield module
     finally:
-        for param, flag in zip(module.parameters(), flags):
+        for param, flag in zip(module.parameters(), flags, strict=True):
             param.requires_grad_(flag)
 
 
@@ -356,7 +356,7 @@ class Trainer:
                 sums.append(value / phase.count)
             phase.loss_sum, phase.parts_sum, phase.count = None, {}, 0
         means = acc.reduce(torch.stack(sums), reduction="mean") if acc.num_processes > 1 else torch.stack(sums)
-        values: dict[str, Any] = dict(zip(names, means.tolist()))
+        values: dict[str, Any] = dict(zip(names, means.tolist(), strict=True))
         samples = steps * t.d_steps_per_g_step * t.gradient_accumulation_steps * t.batch_size * acc.num_processes
         values.update(
             lr_d=self.d.scheduler.get_last_lr()[0],
@@ -369,6 +369,7 @@ class Trainer:
             skipped_g=self.state.skipped_g,
             samples_per_s=samples / elapsed if elapsed > 0 else None,
             steps_per_s=steps / elapsed if elapsed > 0 else None,
+            peak_memory_mb=runtime.peak_memory_mb(acc.device),
         )
         self.metrics.write("train", self.state.step, values)
 
@@ -381,8 +382,12 @@ class Trainer:
         if t.best_metric:
             value = metrics.get(t.best_metric)
             if value is None:
-                raise DataError(f"training.best_metric: the eval has no metric {t.best_metric!r}; it has {sorted(metrics)}")
-            better = state.best_value is None or (value < state.best_value if t.best_mode == "min" else value > state.best_value)
+                raise DataError(
+                    f"training.best_metric: the eval has no metric {t.best_metric!r}; it has {sorted(metrics)}"
+                )
+            better = state.best_value is None or (
+                value < state.best_value if t.best_mode == "min" else value > state.best_value
+            )
             if better:
                 state.best_value, state.best_step = float(value), state.step
                 self._export("best")

@@ -7,6 +7,7 @@ loop, at fixed points that every rank reaches.
 from __future__ import annotations
 
 import os
+import resource
 import socket
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -72,12 +73,8 @@ def build_accelerator(
         ),
         # The learning rate is a function of the optimizer step alone, not of the world size.
         step_scheduler_with_optimizer=False,
-        dataloader_config=DataLoaderConfiguration(
-            use_seedable_sampler=True, data_seed=cfg.training.seed
-        ),
-        kwargs_handlers=[
-            InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.distributed.timeout_s))
-        ],
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.training.seed),
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.distributed.timeout_s))],
         log_with=list(log_with) if log_with else None,
         project_dir=project_dir,
     )
@@ -115,6 +112,13 @@ def describe_rank(accelerator: Accelerator) -> str:
         f"host {socket.gethostname()} rank {accelerator.process_index}/{accelerator.num_processes} "
         f"local rank {accelerator.local_process_index} device {device}{detail}"
     )
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory of this process: allocated GPU memory on CUDA, resident set size on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
 
 
 def any_rank(accelerator: Accelerator, flags: Sequence[bool]) -> list[bool]:

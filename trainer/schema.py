@@ -66,9 +66,7 @@ def _convert(value: Any, tp: Any, source: str, key: str) -> Any:
     origin = get_origin(tp)
 
     def bad() -> ConfigError:
-        return ConfigError(
-            f"{source}: key '{key}' must be {_type_name(tp)}, got {value!r} ({type(value).__name__})"
-        )
+        return ConfigError(f"{source}: key '{key}' must be {_type_name(tp)}, got {value!r} ({type(value).__name__})")
 
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
@@ -135,9 +133,7 @@ def from_mapping(cls: type[T], data: dict[str, Any], source: str, prefix: str = 
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     for name in data:
         if name not in fields:
-            raise ConfigError(
-                f"{source}: unknown key '{prefix}{name}'" + suggestion(str(name), fields, prefix)
-            )
+            raise ConfigError(f"{source}: unknown key '{prefix}{name}'" + suggestion(str(name), fields, prefix))
     kwargs = {}
     for name, field in fields.items():
         if name in data:

@@ -31,9 +31,7 @@ def task_class(name: str, source: str = "config") -> type[Task]:
         raise ConfigError(f"{source}: key 'task': cannot import {module_name!r}: {exc}") from None
     cls = getattr(module, class_name, None)
     if not (isinstance(cls, type) and issubclass(cls, Task)):
-        raise ConfigError(
-            f"{source}: key 'task': {target!r} is not a subclass of trainer.tasks.Task"
-        )
+        raise ConfigError(f"{source}: key 'task': {target!r} is not a subclass of trainer.tasks.Task")
     return cls
 
 

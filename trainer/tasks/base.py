@@ -52,9 +52,7 @@ class Task:
     def __init__(self, run: RunConfig) -> None:
         self.run = run
         self.config = run.config
-        self.options: Any = from_mapping(
-            self.Options, run.config.task_options, run.source, prefix="task_options."
-        )
+        self.options: Any = from_mapping(self.Options, run.config.task_options, run.source, prefix="task_options.")
         self.generator_config: Any = (
             from_mapping(self.GeneratorConfig, run.generator, run.generator_source)
             if self.GeneratorConfig
@@ -93,9 +91,7 @@ class Task:
         return batch
 
     # -- training --------------------------------------------------------------------------
-    def generate(
-        self, generator: nn.Module, num: int, rng: torch.Generator, batch: Any = None
-    ) -> torch.Tensor:
+    def generate(self, generator: nn.Module, num: int, rng: torch.Generator, batch: Any = None) -> torch.Tensor:
         """``num`` generated samples, differentiable w.r.t. the generator's parameters.
 
         ``rng`` is the run's noise generator on this rank's device: draw all randomness from
@@ -158,9 +154,7 @@ class Task:
         return losses.generator_loss(self.config.training.loss, scores), {}
 
     # -- eval ------------------------------------------------------------------------------
-    def eval_outputs(
-        self, generator: nn.Module, discriminator: nn.Module, batch: Any
-    ) -> dict[str, torch.Tensor]:
+    def eval_outputs(self, generator: nn.Module, discriminator: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
         """Per-sample eval outputs of one batch (first dimension = samples), to be gathered.
 
         Tensors with more than one dimension may differ in length along dimension 1 from
@@ -175,9 +169,7 @@ class Task:
         """Metrics over the whole gathered eval set."""
         raise NotImplementedError
 
-    def on_eval(
-        self, step: int, outputs: dict[str, torch.Tensor], output_dir: Path, trackers: list[Any]
-    ) -> None:
+    def on_eval(self, step: int, outputs: dict[str, torch.Tensor], output_dir: Path, trackers: list[Any]) -> None:
         """Optional hook on the main process after each eval (plots); must not communicate."""
 
     # -- weights ---------------------------------------------------------------------------
