@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
 import torch
 
-from trainer.tasks.gaussian_mixture import GaussianMixtureTask
+from trainer.tasks.gaussian_mixture import GaussianMixtureOptions, GaussianMixtureTask
 
 FIXED_LATENTS = torch.randn(64, 2, generator=torch.Generator().manual_seed(99))
 
@@ -85,4 +90,47 @@ class IndexedEval(GaussianMixtureTask):
         metrics["index_sum"] = int(index.sum())
         metrics["rows_match"] = bool(((row == index[:, None]) | ~filled).all())
         metrics["row_lengths"] = sorted(set(filled.sum(dim=1).tolist()))
+        return metrics
+
+
+@dataclass
+class FaultOptions(GaussianMixtureOptions):
+    #: the discriminator loss is NaN on this rank for D-loss calls first..last (1-based)
+    nan_rank: int = -1
+    nan_first_call: int = 0
+    nan_last_call: int = 0
+    #: each process writes its pid to DIR/rank{R}.pid at its first step
+    pid_dir: str = ""
+    step_sleep_s: float = 0.0
+
+
+class Faults(GaussianMixtureTask):
+    """Injects faults by option, and reports a checksum of every rank's weights at eval."""
+
+    Options = FaultOptions
+    calls = 0
+
+    def discriminator_loss(self, discriminator, real, fake, rng, penalties):
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        Faults.calls += 1
+        o = self.options
+        if Faults.calls == 1 and o.pid_dir:
+            Path(o.pid_dir, f"rank{rank}.pid").write_text(str(os.getpid()))
+        if o.step_sleep_s:
+            time.sleep(o.step_sleep_s)
+        loss, parts = super().discriminator_loss(discriminator, real, fake, rng, penalties)
+        if rank == o.nan_rank and o.nan_first_call <= Faults.calls <= o.nan_last_call:
+            loss = loss * float("nan")
+        return loss, parts
+
+    def eval_outputs(self, generator, discriminator, batch):
+        outputs = super().eval_outputs(generator, discriminator, batch)
+        checksum = sum(p.double().sum() for p in [*generator.parameters(), *discriminator.parameters()])
+        outputs["checksum"] = checksum.expand(len(batch["real"])).clone()
+        return outputs
+
+    def eval_metrics(self, outputs):
+        metrics = super().eval_metrics(outputs)
+        metrics["checksum_spread"] = float(outputs["checksum"].max() - outputs["checksum"].min())
+        metrics["checksum_finite"] = bool(torch.isfinite(outputs["checksum"]).all())
         return metrics

@@ -79,11 +79,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch(
-    args: list[str], processes: int, timeout: int = LAUNCH_TIMEOUT, script: Path = SCRIPT, launcher: str = "accelerate"
-) -> subprocess.CompletedProcess:
-    """Run the script in 1 process (plain python) or N (accelerate launch with the 8gpu
-    config, or torchrun)."""
+def launch_command(args: list[str], processes: int, script: Path = SCRIPT, launcher: str = "accelerate") -> list[str]:
+    """The command that runs the script in 1 process (plain python) or N (accelerate launch
+    with the 8gpu config, or torchrun)."""
     if processes == 1:
         cmd = [sys.executable, str(script), *args]
     elif launcher == "torchrun":
@@ -102,6 +100,14 @@ def launch(
             str(free_port()),
         ]
         cmd += [str(script), *args]
+    return cmd
+
+
+def launch(
+    args: list[str], processes: int, timeout: int = LAUNCH_TIMEOUT, script: Path = SCRIPT, launcher: str = "accelerate"
+) -> subprocess.CompletedProcess:
+    """Run the script (see launch_command) to its end, with a hard timeout."""
+    cmd = launch_command(args, processes, script, launcher)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(), cwd=ROOT)
 
 

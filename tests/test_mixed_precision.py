@@ -21,8 +21,8 @@ def step_two_generator(tmp_path, inject: bool):
     try:
         trainer._setup()
         scaler = trainer.accelerator.scaler
-        trainer.discriminator_phase(False)
-        trainer.generator_phase(False)
+        trainer.discriminator_phase()
+        trainer.generator_phase()
         d_before = {k: v.clone() for k, v in trainer.d.model.state_dict().items()}
         scale_before = scaler.get_scale()
         if inject:
@@ -31,7 +31,7 @@ def step_two_generator(tmp_path, inject: bool):
             for group in trainer.d.optimizer.param_groups:
                 group["lr"] = 0.0
         try:
-            trainer.discriminator_phase(False)
+            trainer.discriminator_phase()
         finally:
             Overflow.armed = False
         facts = {
@@ -39,7 +39,7 @@ def step_two_generator(tmp_path, inject: bool):
             "scale_ratio": scaler.get_scale() / scale_before,
             "d_unchanged": all(torch.equal(v, d_before[k]) for k, v in trainer.d.model.state_dict().items()),
         }
-        trainer.generator_phase(False)
+        trainer.generator_phase()
         facts["skipped_g"] = trainer.state.skipped_g
         return {k: v.clone() for k, v in trainer.g.model.state_dict().items()}, facts
     finally:

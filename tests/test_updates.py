@@ -128,12 +128,12 @@ def test_generator_phase_leaves_discriminator_untouched(tmp_path):
     trainer = Trainer(load_config(config), device="cpu")
     try:
         trainer._setup()
-        trainer.discriminator_phase(measure_norm=False)
+        trainer.discriminator_phase()
         d_before = {k: v.clone() for k, v in trainer.d.model.state_dict().items()}
         g_before = {k: v.clone() for k, v in trainer.g.model.state_dict().items()}
         # The first step of the linear warm-up has learning rate 0; the second moves G.
         for _ in range(2):
-            trainer.generator_phase(measure_norm=False)
+            trainer.generator_phase()
         for key, value in trainer.d.model.state_dict().items():
             assert torch.equal(value, d_before[key]), key
         assert all(p.grad is None for p in trainer.d.model.parameters())

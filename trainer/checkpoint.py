@@ -36,6 +36,8 @@ class TrainState:
     position: int = 0
     skipped_d: int = 0
     skipped_g: int = 0
+    consecutive_skips_d: int = 0
+    consecutive_skips_g: int = 0
     best_value: float | None = None
     best_step: int | None = None
 

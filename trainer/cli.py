@@ -51,7 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             discriminator_config=args.discriminator_config,
             output_dir=args.output_dir,
         )
-        metrics = Trainer(run, device=args.device, resume=args.resume).fit()
+        trainer = Trainer(run, device=args.device, resume=args.resume)
+        metrics = trainer.fit()
     except UserError as exc:
         print(f"error (rank {rank}): {exc}", file=sys.stderr, flush=True)
         if exc.agreed:
@@ -63,7 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 dist.barrier()
         return exc.exit_code
     if rank == "0":
-        print(json.dumps({"final_eval": metrics}))
+        if trainer.stopped:
+            print(f"stopped by {trainer.stopped} after saving a checkpoint; continue with --resume latest")
+        else:
+            print(json.dumps({"final_eval": metrics}))
     return 0
 
 

@@ -21,3 +21,9 @@ class DataError(UserError):
 
 class CheckpointError(UserError):
     """A checkpoint or initial weights file cannot be used."""
+
+
+class NonFiniteError(UserError):
+    """Training produced non-finite gradients and the policy (or the bound on skips) says stop."""
+
+    exit_code = 3

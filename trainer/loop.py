@@ -10,6 +10,8 @@ micro-batches.
 from __future__ import annotations
 
 import contextlib
+import math
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,7 +29,7 @@ from transformers import get_scheduler
 from trainer import checkpoint, runtime
 from trainer.checkpoint import TrainState
 from trainer.config import OptimizerSection, RunConfig, write_resolved
-from trainer.errors import DataError
+from trainer.errors import DataError, NonFiniteError
 from trainer.evaluation import evaluate
 from trainer.metrics import MetricsLog, flat_hparams, resolve_trackers
 from trainer.tasks import Task, load_task
@@ -58,6 +60,7 @@ class Phase:
     """One side of the game: its model, optimizer, scheduler and clipping bound."""
 
     name: str
+    role: str
     model: nn.Module
     optimizer: Any
     scheduler: Any
@@ -67,9 +70,13 @@ class Phase:
     parts_sum: dict[str, torch.Tensor] = field(default_factory=dict)
     count: int = 0
     grad_norm: float | None = None
+    #: whether this rank saw a non-finite loss in the current phase (read only on the error path)
+    local_nonfinite: torch.Tensor | None = None
 
     def record(self, loss: torch.Tensor, parts: dict[str, torch.Tensor]) -> None:
         loss = loss.detach().float()
+        bad = ~torch.isfinite(loss)
+        self.local_nonfinite = bad if self.local_nonfinite is None else self.local_nonfinite | bad
         self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss
         for key, value in parts.items():
             value = value.detach().float()
@@ -203,8 +210,8 @@ class Trainer:
                 f"{cfg.data.path or 'data.train_size'}: {len(train_set)} training samples are fewer than "
                 f"one batch per process ({t.batch_size} x {accelerator.num_processes} processes)"
             )
-        self.d = Phase("d", discriminator, opt_d, sched_d, cfg.optim.discriminator.max_grad_norm)
-        self.g = Phase("g", generator, opt_g, sched_g, cfg.optim.generator.max_grad_norm)
+        self.d = Phase("d", "discriminator", discriminator, opt_d, sched_d, cfg.optim.discriminator.max_grad_norm)
+        self.g = Phase("g", "generator", generator, opt_g, sched_g, cfg.optim.generator.max_grad_norm)
 
         self.state = TrainState()
         self.noise = torch.Generator(device=accelerator.device)
@@ -233,22 +240,59 @@ class Trainer:
         )
 
     # -- one optimizer step ------------------------------------------------------------------
-    def _finish_phase(self, phase: Phase, measure_norm: bool) -> bool:
-        """Clip, step and zero this phase's optimizer only; returns whether the step was skipped."""
+    def _finish_phase(self, phase: Phase) -> None:
+        """Clip, step and zero this phase's optimizer only, or skip a non-finite step.
+
+        The gradients were all-reduced by DDP, so whether they are finite is the same on every
+        rank: a NaN produced on one rank reaches all of them, and every rank skips together.
+        """
         params = [p for p in phase.model.parameters() if p.grad is not None]
-        if self.accelerator.scaler is not None:
+        scaler = self.accelerator.scaler
+        if scaler is not None:
             # accelerate's clip_grad_norm_ unscales every prepared optimizer; only this phase's
             # gradients exist now, so only its optimizer is unscaled.
-            self.accelerator.scaler.unscale_(phase.optimizer.optimizer)
+            scaler.unscale_(phase.optimizer.optimizer)
         if phase.max_grad_norm > 0:
-            phase.grad_norm = float(torch.nn.utils.clip_grad_norm_(params, phase.max_grad_norm))
-        elif measure_norm:
-            phase.grad_norm = float(torch.nn.utils.get_total_norm([p.grad for p in params]))
-        phase.optimizer.step()
-        skipped = phase.optimizer.step_was_skipped
-        phase.scheduler.step()
+            norm = torch.nn.utils.clip_grad_norm_(params, phase.max_grad_norm)
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        phase.grad_norm = float(norm)
+        finite = math.isfinite(phase.grad_norm)
+        if finite or scaler is not None:
+            # With a GradScaler an overflow is routine: the scaler skips the step and lowers
+            # its scale, which it only does from inside optimizer.step().
+            phase.optimizer.step()
+            skipped = phase.optimizer.step_was_skipped
+        else:
+            skipped = True
+        phase.scheduler.step()  # the learning rate follows the step count, skipped or not
         phase.optimizer.zero_grad(set_to_none=True)
-        return skipped
+        self._count_skip(phase, skipped, finite)
+        phase.local_nonfinite = None
+
+    def _count_skip(self, phase: Phase, skipped: bool, finite: bool) -> None:
+        """Update the skip counters; stop every rank when the policy or the bound says so."""
+        t, state = self.config.training, self.state
+        total, consecutive = f"skipped_{phase.name}", f"consecutive_skips_{phase.name}"
+        setattr(state, total, getattr(state, total) + skipped)
+        setattr(state, consecutive, getattr(state, consecutive) + 1 if skipped else 0)
+        too_many = getattr(state, consecutive) >= t.max_consecutive_skips
+        if not (skipped and ((not finite and t.nonfinite == "error") or too_many)):
+            return
+        # Every rank is here at the same point (the decision is a function of all-reduced
+        # gradients and agreed counters), so one gather may name the ranks that went wrong.
+        local = bool(phase.local_nonfinite) if phase.local_nonfinite is not None else False
+        ranks = runtime.ranks_with(self.accelerator, local)
+        where = f"non-finite loss on rank(s) {', '.join(map(str, ranks))}" if ranks else "no rank saw a non-finite loss"
+        step = state.step + 1
+        if too_many:
+            count = getattr(state, consecutive)
+            reason = f"{count} {phase.role} steps in a row skipped (training.max_consecutive_skips)"
+        else:
+            reason = f"non-finite {phase.role} gradients with training.nonfinite=error"
+        error = NonFiniteError(f"step {step}: {reason}; {where}")
+        error.agreed = True
+        raise error
 
     def _penalties(self) -> Penalties:
         t = self.config.training
@@ -258,7 +302,7 @@ class Trainer:
             r1=t.r1_weight * t.r1_interval if lazy_r1 else 0.0,
         )
 
-    def discriminator_phase(self, measure_norm: bool) -> None:
+    def discriminator_phase(self) -> None:
         """Micro-batches of real vs generated under accumulate(D); then D's optimizer steps."""
         acc, task, phase = self.accelerator, self.task, self.d
         bare_g = acc.unwrap_model(self.g.model)
@@ -272,10 +316,10 @@ class Trainer:
                 loss, parts = task.discriminator_loss(phase.model, real, fake, self.noise, penalties)
                 acc.backward(loss)
             phase.record(loss, parts)
-        self.state.skipped_d += self._finish_phase(phase, measure_norm)
+        self._finish_phase(phase)
         self.state.d_steps += 1
 
-    def generator_phase(self, measure_norm: bool) -> None:
+    def generator_phase(self) -> None:
         """Micro-batches through the frozen, unwrapped D under accumulate(G); then G steps.
 
         D is called without its DDP wrapper and with requires_grad off: its reducer does no
@@ -290,17 +334,45 @@ class Trainer:
                     loss, parts = task.generator_loss(phase.model, bare_d, size, self.noise, batch)
                     acc.backward(loss)
                 phase.record(loss, parts)
-        self.state.skipped_g += self._finish_phase(phase, measure_norm)
+        self._finish_phase(phase)
         self.state.g_steps += 1
 
     # -- the loop ----------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
-        """Train to ``training.max_steps`` (or an agreed stop); returns the last eval metrics."""
+        """Train to ``training.max_steps`` (or an agreed stop); returns the last eval metrics.
+
+        After an agreed stop (a signal, ``training.max_time``) :attr:`stopped` names the cause
+        and the last checkpoint holds the state to resume from.
+        """
         try:
             self._setup()
-            return self._train()
+            with self._stop_signals():
+                return self._train()
         finally:
             runtime.release_accelerator()
+
+    @contextlib.contextmanager
+    def _stop_signals(self) -> Iterator[None]:
+        """SIGTERM and SIGINT request an agreed stop; a second SIGINT interrupts at once."""
+        self.signal_received: str | None = None
+        self.stopped: str | None = None
+
+        def request_stop(signum: int, frame: Any) -> None:
+            if signum == signal.SIGINT and self.signal_received:
+                raise KeyboardInterrupt
+            self.signal_received = signal.Signals(signum).name
+
+        previous = {}
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            try:
+                previous[signum] = signal.signal(signum, request_stop)
+            except ValueError:  # not the main thread: leave signals to the host
+                pass
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
     def _train(self) -> dict[str, Any]:
         acc, t, state = self.accelerator, self.config.training, self.state
@@ -311,32 +383,34 @@ class Trainer:
             total=t.max_steps, initial=state.step, disable=not acc.is_main_process, desc="stage 2", dynamic_ncols=True
         )
         while state.step < t.max_steps:
-            log_now = (state.step + 1) % t.log_every == 0
             for _ in range(t.d_steps_per_g_step):
-                self.discriminator_phase(log_now)
-            self.generator_phase(log_now)
+                self.discriminator_phase()
+            self.generator_phase()
             state.step += 1
             state.epoch, state.position = self.stream.epoch, self.stream.position
             bar.update(1)
 
-            # The one agreement of the step: a time limit seen by any rank stops every rank.
-            (stop,) = runtime.any_rank(acc, [t.max_time > 0 and time.monotonic() - started >= t.max_time])
-            last = stop or state.step == t.max_steps
-            if log_now:
+            # The one agreement of the step: a stop asked on any rank stops every rank here.
+            time_up = t.max_time > 0 and time.monotonic() - started >= t.max_time
+            time_up, signalled = runtime.any_rank(acc, [time_up, self.signal_received is not None])
+            if state.step % t.log_every == 0:
                 elapsed = time.monotonic() - window_start
                 self._log_train(state.step - window_step, elapsed)
                 window_start, window_step = time.monotonic(), state.step
+            if signalled or time_up:
+                self.stopped = "a stop signal" if signalled else "training.max_time"
+                self._save()
+                logger.info(f"stopped at step {state.step} by {self.stopped}; continue with --resume latest")
+                break
             paused = time.monotonic()
-            if state.step % t.eval_every == 0 or last:
+            if state.step % t.eval_every == 0 or state.step == t.max_steps:
                 last_eval = self._evaluate()
-            if state.step % t.save_every == 0 or last:
+            if state.step % t.save_every == 0 or state.step == t.max_steps:
                 self._save()
             window_start += time.monotonic() - paused  # throughput counts training time only
-            if stop:
-                logger.info(f"training.max_time reached: stopped at step {state.step} after saving")
-                break
         bar.close()
-        self._export("final")
+        if not self.stopped:
+            self._export("final")
         acc.wait_for_everyone()
         if acc.is_main_process and acc.trackers:
             for tracker in acc.trackers:
@@ -345,7 +419,10 @@ class Trainer:
 
     # -- log, eval, save ---------------------------------------------------------------------
     def _log_train(self, steps: int, elapsed: float) -> None:
-        """Mean losses over the window, averaged over ranks (one reduce at a log step)."""
+        """Mean losses over the window, averaged over ranks (one reduce at a log step).
+
+        ``grad_norm_*`` are the norms of the last step, before clipping.
+        """
         acc, t = self.accelerator, self.config.training
         names, sums = [], []
         for phase in (self.d, self.g):
