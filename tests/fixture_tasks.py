@@ -102,6 +102,8 @@ class FaultOptions(GaussianMixtureOptions):
     #: each process writes its pid to DIR/rank{R}.pid at its first step
     pid_dir: str = ""
     step_sleep_s: float = 0.0
+    #: on this D-loss call, rank 0 alone enters an all_reduce (0: never)
+    rogue_collective_call: int = 0
 
 
 class Faults(GaussianMixtureTask):
@@ -118,6 +120,8 @@ class Faults(GaussianMixtureTask):
             Path(o.pid_dir, f"rank{rank}.pid").write_text(str(os.getpid()))
         if o.step_sleep_s:
             time.sleep(o.step_sleep_s)
+        if rank == 0 and Faults.calls == o.rogue_collective_call:
+            torch.distributed.all_reduce(torch.ones(3))
         loss, parts = super().discriminator_loss(discriminator, real, fake, rng, penalties)
         if rank == o.nan_rank and o.nan_first_call <= Faults.calls <= o.nan_last_call:
             loss = loss * float("nan")

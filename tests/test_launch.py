@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from accelerate.utils import DistributedType
 from helpers import ROOT, check, launch, records, write_run
 from safetensors.torch import load_file
 
@@ -88,7 +89,7 @@ def test_torchrun_gives_one_world_of_two(tmp_path):
 def test_world_size_disagreeing_with_the_launcher_is_an_error(monkeypatch):
     class OneProcessWorld:
         num_processes = 1
-        distributed_type = "NO"
+        distributed_type = DistributedType.NO
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")

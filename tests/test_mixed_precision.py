@@ -19,6 +19,7 @@ def step_two_generator(tmp_path, inject: bool):
     config = write_run(tmp_path, {"task": "fixture_tasks:Overflow", "training": {"gradient_accumulation_steps": 2}})
     trainer = Trainer(load_config(config), device="cpu", scaler=torch.amp.GradScaler("cpu", init_scale=2.0**16))
     try:
+        trainer._build_accelerator()
         trainer._setup()
         scaler = trainer.accelerator.scaler
         trainer.discriminator_phase()

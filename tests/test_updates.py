@@ -127,6 +127,7 @@ def test_generator_phase_leaves_discriminator_untouched(tmp_path):
     config = write_reference_run(tmp_path, 2, task="fixture_tasks:FixedNoiseMixture")
     trainer = Trainer(load_config(config), device="cpu")
     try:
+        trainer._build_accelerator()
         trainer._setup()
         trainer.discriminator_phase()
         d_before = {k: v.clone() for k, v in trainer.d.model.state_dict().items()}

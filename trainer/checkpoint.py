@@ -7,6 +7,7 @@ checkpoint directory appears under its final name only once every rank has writt
 from __future__ import annotations
 
 import json
+import pickle
 import re
 import shutil
 from dataclasses import asdict, dataclass
@@ -14,15 +15,18 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from accelerate.logging import get_logger
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from trainer.errors import CheckpointError
+from trainer.watchdog import HEARTBEAT
 
 CHECKPOINT_PATTERN = re.compile(r"^step-(\d{7,})$")
 WEIGHTS_NAME = "model.safetensors"
 STATE_NAME = "trainer_state.json"
+logger = get_logger("trainer")
 
 
 @dataclass
@@ -42,29 +46,65 @@ class TrainState:
     best_step: int | None = None
 
 
+LEGACY_SUFFIXES = (".pt", ".pth", ".bin")
+
+
 def weights_file(path: Path) -> Path:
-    """The safetensors file behind an init path: the file itself or ``DIR/model.safetensors``."""
+    """The weights file behind an init path: the file itself, or ``DIR/model.safetensors``
+    (``DIR/pytorch_model.bin`` for an old save_pretrained directory)."""
     if path.is_dir():
-        candidate = path / WEIGHTS_NAME
-        if not candidate.is_file():
-            raise CheckpointError(f"{path}: directory has no {WEIGHTS_NAME}")
-        return candidate
-    if path.suffix != ".safetensors":
-        raise CheckpointError(
-            f"{path}: only safetensors weights are read; convert a pickle checkpoint to safetensors first"
-        )
+        for name in (WEIGHTS_NAME, "pytorch_model.bin"):
+            if (path / name).is_file():
+                return path / name
+        raise CheckpointError(f"{path}: directory has no {WEIGHTS_NAME}")
     if not path.is_file():
         raise CheckpointError(f"{path}: no such file")
+    if path.suffix != ".safetensors" and path.suffix not in LEGACY_SUFFIXES:
+        raise CheckpointError(f"{path}: expected a .safetensors file (or a legacy .pt/.pth/.bin state dict)")
     return path
 
 
-def load_weights(model: nn.Module, path: str | Path, role: str) -> None:
-    """Load a state dict into ``model`` from a safetensors file, on the CPU."""
-    file = weights_file(Path(path))
+def read_legacy_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """Tensors of a ``.pt``/``.bin`` state dict, read on the CPU without executing code.
+
+    ``torch.load(weights_only=True)`` refuses a pickle that needs code to load; a state dict
+    nested under ``state_dict``/``model`` is found, and a DDP ``module.`` prefix dropped.
+    """
     try:
-        state = load_file(file, device="cpu")
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        detail = str(exc).strip().splitlines()[-1][:200]
+        raise CheckpointError(
+            f"{path}: refused: this pickle needs code execution to load ({detail}); "
+            "only plain tensors and containers are read"
+        ) from None
+    except Exception as exc:  # truncated or not a torch file: zip, EOF and runtime errors
+        raise CheckpointError(f"{path}: cannot read: {str(exc).strip().splitlines()[0][:200]}") from None
+    for key in ("state_dict", "model", "model_state_dict"):
+        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+            obj = obj[key]
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise CheckpointError(f"{path}: not a state dict (a mapping of names to tensors)")
+    if obj and all(k.startswith("module.") for k in obj):
+        obj = {k[len("module.") :]: v for k, v in obj.items()}
+    return obj
+
+
+def read_state_dict(path: str | Path, role: str) -> tuple[Path, dict[str, torch.Tensor]]:
+    """The weights file behind ``path`` and its tensors, read on the CPU."""
+    file = weights_file(Path(path))
+    if file.suffix in LEGACY_SUFFIXES:
+        logger.warning(f"{file}: reading a legacy pickle checkpoint; convert it with scripts/convert_checkpoint.py")
+        return file, read_legacy_state_dict(file)
+    try:
+        return file, load_file(file, device="cpu")
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{file}: cannot read {role} weights: {exc}") from None
+
+
+def load_weights(model: nn.Module, path: str | Path, role: str) -> None:
+    """Load a state dict into ``model`` from a safetensors (or legacy) file, on the CPU."""
+    file, state = read_state_dict(path, role)
     result = model.load_state_dict(state, strict=False)
     problems = []
     if result.missing_keys:
@@ -111,11 +151,13 @@ def save_checkpoint(
     partial = root / f".partial-step-{state.step:07d}"
     if accelerator.is_main_process:
         shutil.rmtree(partial, ignore_errors=True)
+    HEARTBEAT.collective_entered("barrier before the checkpoint write")
     accelerator.wait_for_everyone()
     accelerator.save_state(str(partial))
     save_file(rank_state, str(partial / f"rank_state_{accelerator.process_index}.safetensors"))
     if accelerator.is_main_process:
         (partial / STATE_NAME).write_text(json.dumps(asdict(state), indent=1))
+    HEARTBEAT.collective_entered("barrier after the checkpoint write")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         if final.exists():

@@ -105,8 +105,10 @@ class InitSection:
 
 @dataclass
 class DistributedSection:
+    #: process-group timeout: a collective waiting longer raises on that rank
     timeout_s: float = 300.0
-    watchdog_s: float = 600.0
+    #: a rank without progress for this long writes its stacks and exits; 0 turns it off
+    watchdog_s: float = 180.0
     debug: bool = False
 
 

@@ -15,6 +15,7 @@ from accelerate.utils import broadcast_object_list
 from torch import nn
 
 from trainer.tasks.base import Task
+from trainer.watchdog import HEARTBEAT
 
 
 def _pad_to(tensor: torch.Tensor, length: int, value: float) -> torch.Tensor:
@@ -53,6 +54,7 @@ def evaluate(
     chunks = []
     try:
         for batch in dataloader:
+            HEARTBEAT.beat("eval")
             outputs = task.eval_outputs(bare_g, bare_d, batch)
             outputs = {
                 key: accelerator.pad_across_processes(value, dim=1, pad_index=task.eval_pad_value)
@@ -60,6 +62,7 @@ def evaluate(
                 else value
                 for key, value in outputs.items()
             }
+            HEARTBEAT.collective_entered("pad_across_processes / gather_for_metrics (eval)")
             gathered = accelerator.gather_for_metrics(outputs)
             chunks.append({key: value.cpu() for key, value in gathered.items()})
     finally:
@@ -69,5 +72,6 @@ def evaluate(
     metrics: dict[str, Any] = dict(task.eval_metrics(outputs))
     metrics["num_samples"] = len(next(iter(outputs.values())))
     shared = [metrics]
+    HEARTBEAT.collective_entered("broadcast of the eval metrics")
     broadcast_object_list(shared, from_process=0)
     return shared[0], outputs

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
-from accelerate.utils import set_seed
+from accelerate.utils import DistributedType, set_seed
 from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_scheduler
@@ -34,6 +34,7 @@ from trainer.evaluation import evaluate
 from trainer.metrics import MetricsLog, flat_hparams, resolve_trackers
 from trainer.tasks import Task, load_task
 from trainer.tasks.base import Penalties
+from trainer.watchdog import HEARTBEAT, Watchdog
 
 logger = get_logger("trainer")
 
@@ -61,7 +62,9 @@ class Phase:
 
     name: str
     role: str
+    #: the prepared (possibly DDP-wrapped) model, and the bare module inside it
     model: nn.Module
+    bare: nn.Module
     optimizer: Any
     scheduler: Any
     max_grad_norm: float
@@ -70,13 +73,15 @@ class Phase:
     parts_sum: dict[str, torch.Tensor] = field(default_factory=dict)
     count: int = 0
     grad_norm: float | None = None
-    #: whether this rank saw a non-finite loss in the current phase (read only on the error path)
-    local_nonfinite: torch.Tensor | None = None
+    #: this rank's losses of the current phase (inspected only on the non-finite error path)
+    phase_losses: list[torch.Tensor] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.params = list(self.bare.parameters())
 
     def record(self, loss: torch.Tensor, parts: dict[str, torch.Tensor]) -> None:
         loss = loss.detach().float()
-        bad = ~torch.isfinite(loss)
-        self.local_nonfinite = bad if self.local_nonfinite is None else self.local_nonfinite | bad
+        self.phase_losses.append(loss)
         self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss
         for key, value in parts.items():
             value = value.detach().float()
@@ -115,14 +120,15 @@ class BatchStream:
 
 
 @contextlib.contextmanager
-def frozen(module: nn.Module) -> Iterator[nn.Module]:
-    """``module`` with requires_grad off, so a backward pass through it leaves it untouched."""
-    flags = [p.requires_grad for p in module.parameters()]
-    module.requires_grad_(False)
+def frozen(params: list[nn.Parameter]) -> Iterator[None]:
+    """Parameters with requires_grad off, so a backward pass through them leaves them untouched."""
+    flags = [p.requires_grad for p in params]
+    for param in params:
+        param.requires_grad_(False)
     try:
-        yield module
+        yield
     finally:
-        for param, flag in zip(module.parameters(), flags, strict=True):
+        for param, flag in zip(params, flags, strict=True):
             param.requires_grad_(flag)
 
 
@@ -166,13 +172,16 @@ class Trainer:
             checkpoint.load_weights(model, init, role)
         return model
 
-    def _setup(self) -> None:
-        cfg, t = self.config, self.config.training
-        trackers = resolve_trackers(t.log_with)
-        self.accelerator = accelerator = runtime.build_accelerator(
-            cfg, self.device, str(self.output_dir), trackers, self.scaler
+    def _build_accelerator(self) -> None:
+        self.trackers = resolve_trackers(self.config.training.log_with)
+        self.accelerator = runtime.build_accelerator(
+            self.config, self.device, str(self.output_dir), self.trackers, self.scaler
         )
+
+    def _setup(self) -> None:
+        cfg, t, accelerator = self.config, self.config.training, self.accelerator
         logger.info(runtime.describe_rank(accelerator), main_process_only=False)
+        runtime.check_devices(accelerator)
         if t.mixed_precision == "fp16" and accelerator.device.type == "cpu" and accelerator.scaler is None:
             logger.warning("fp16 was requested but accelerate runs fp32 on the CPU (no autocast, no GradScaler)")
         set_seed(t.seed)
@@ -210,9 +219,27 @@ class Trainer:
                 f"{cfg.data.path or 'data.train_size'}: {len(train_set)} training samples are fewer than "
                 f"one batch per process ({t.batch_size} x {accelerator.num_processes} processes)"
             )
-        self.d = Phase("d", "discriminator", discriminator, opt_d, sched_d, cfg.optim.discriminator.max_grad_norm)
-        self.g = Phase("g", "generator", generator, opt_g, sched_g, cfg.optim.generator.max_grad_norm)
+        self.d = Phase(
+            "d",
+            "discriminator",
+            discriminator,
+            accelerator.unwrap_model(discriminator),
+            opt_d,
+            sched_d,
+            cfg.optim.discriminator.max_grad_norm,
+        )
+        self.g = Phase(
+            "g",
+            "generator",
+            generator,
+            accelerator.unwrap_model(generator),
+            opt_g,
+            sched_g,
+            cfg.optim.generator.max_grad_norm,
+        )
 
+        plain = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
+        self.direct_step = accelerator.scaler is None and accelerator.distributed_type in plain
         self.state = TrainState()
         self.noise = torch.Generator(device=accelerator.device)
         self.noise.manual_seed(noise_seed(t.seed, accelerator.process_index))
@@ -230,8 +257,9 @@ class Trainer:
                 logger.info(f"resumed from {path} at step {self.state.step}")
         self.stream = BatchStream(accelerator, self.train_loader, self.state.epoch, self.state.position)
         self.metrics = MetricsLog(accelerator, self.output_dir, resumed_from)
-        if trackers:
+        if self.trackers:
             accelerator.init_trackers(t.project_name, config=flat_hparams(cfg))
+        HEARTBEAT.collective_entered("barrier after start-up")
         accelerator.wait_for_everyone()
 
     def _scheduler(self, section: OptimizerSection, optimizer: Any, total: int) -> Any:
@@ -246,7 +274,7 @@ class Trainer:
         The gradients were all-reduced by DDP, so whether they are finite is the same on every
         rank: a NaN produced on one rank reaches all of them, and every rank skips together.
         """
-        params = [p for p in phase.model.parameters() if p.grad is not None]
+        params = [p for p in phase.params if p.grad is not None]
         scaler = self.accelerator.scaler
         if scaler is not None:
             # accelerate's clip_grad_norm_ unscales every prepared optimizer; only this phase's
@@ -258,17 +286,23 @@ class Trainer:
             norm = torch.nn.utils.get_total_norm([p.grad for p in params])
         phase.grad_norm = float(norm)
         finite = math.isfinite(phase.grad_norm)
-        if finite or scaler is not None:
+        if not self.direct_step:
             # With a GradScaler an overflow is routine: the scaler skips the step and lowers
-            # its scale, which it only does from inside optimizer.step().
+            # its scale, which it only does from inside the prepared optimizer's step().
             phase.optimizer.step()
             skipped = phase.optimizer.step_was_skipped
+            phase.optimizer.zero_grad(set_to_none=True)
         else:
-            skipped = True
+            # At this sync point, with no GradScaler and plain DDP, the prepared optimizer
+            # would only forward to the torch one, after an importlib look-up per step() and a
+            # signature inspection per zero_grad(): about 1 ms a step, 5% of a small model's.
+            skipped = not finite
+            if finite:
+                phase.optimizer.optimizer.step()
+            phase.optimizer.optimizer.zero_grad(set_to_none=True)
         phase.scheduler.step()  # the learning rate follows the step count, skipped or not
-        phase.optimizer.zero_grad(set_to_none=True)
         self._count_skip(phase, skipped, finite)
-        phase.local_nonfinite = None
+        phase.phase_losses.clear()
 
     def _count_skip(self, phase: Phase, skipped: bool, finite: bool) -> None:
         """Update the skip counters; stop every rank when the policy or the bound says so."""
@@ -281,8 +315,8 @@ class Trainer:
             return
         # Every rank is here at the same point (the decision is a function of all-reduced
         # gradients and agreed counters), so one gather may name the ranks that went wrong.
-        local = bool(phase.local_nonfinite) if phase.local_nonfinite is not None else False
-        ranks = runtime.ranks_with(self.accelerator, local)
+        local = not all(bool(torch.isfinite(loss)) for loss in phase.phase_losses)
+        ranks = runtime.ranks_with(self.accelerator, local, "ranks with a non-finite loss")
         where = f"non-finite loss on rank(s) {', '.join(map(str, ranks))}" if ranks else "no rank saw a non-finite loss"
         step = state.step + 1
         if too_many:
@@ -293,6 +327,11 @@ class Trainer:
         error = NonFiniteError(f"step {step}: {reason}; {where}")
         error.agreed = True
         raise error
+
+    def _backward(self, loss: torch.Tensor, phase: Phase) -> None:
+        if self.accelerator.sync_gradients and self.accelerator.num_processes > 1:
+            HEARTBEAT.collective_entered(f"DDP all-reduce of {phase.role} gradients (backward)")
+        self.accelerator.backward(loss)
 
     def _penalties(self) -> Penalties:
         t = self.config.training
@@ -305,16 +344,17 @@ class Trainer:
     def discriminator_phase(self) -> None:
         """Micro-batches of real vs generated under accumulate(D); then D's optimizer steps."""
         acc, task, phase = self.accelerator, self.task, self.d
-        bare_g = acc.unwrap_model(self.g.model)
+        bare_g = self.g.bare
         penalties = self._penalties()
         for _ in range(self.config.training.gradient_accumulation_steps):
+            HEARTBEAT.beat("discriminator phase", self.state.step)
             batch = self.stream.next()
             with acc.accumulate(phase.model):
                 real = task.real(batch)
                 with torch.no_grad():
                     fake = task.generate(bare_g, real.shape[0], self.noise, batch)
                 loss, parts = task.discriminator_loss(phase.model, real, fake, self.noise, penalties)
-                acc.backward(loss)
+                self._backward(loss, phase)
             phase.record(loss, parts)
         self._finish_phase(phase)
         self.state.d_steps += 1
@@ -327,12 +367,14 @@ class Trainer:
         """
         acc, task, phase = self.accelerator, self.task, self.g
         size = self.config.training.batch_size
-        with frozen(acc.unwrap_model(self.d.model)) as bare_d:
+        bare_d = self.d.bare
+        with frozen(self.d.params):
             for _ in range(self.config.training.gradient_accumulation_steps):
+                HEARTBEAT.beat("generator phase", self.state.step)
                 batch = self.stream.next() if task.generator_needs_data else None
                 with acc.accumulate(phase.model):
                     loss, parts = task.generator_loss(phase.model, bare_d, size, self.noise, batch)
-                    acc.backward(loss)
+                    self._backward(loss, phase)
                 phase.record(loss, parts)
         self._finish_phase(phase)
         self.state.g_steps += 1
@@ -344,9 +386,13 @@ class Trainer:
         After an agreed stop (a signal, ``training.max_time``) :attr:`stopped` names the cause
         and the last checkpoint holds the state to resume from.
         """
+        cfg = self.config
         try:
-            self._setup()
-            with self._stop_signals():
+            self._build_accelerator()
+            rank = self.accelerator.process_index
+            with Watchdog(cfg.distributed.watchdog_s, self.output_dir, rank), self._stop_signals():
+                with HEARTBEAT.long_work("start-up"):
+                    self._setup()
                 return self._train()
         finally:
             runtime.release_accelerator()
@@ -383,16 +429,21 @@ class Trainer:
             total=t.max_steps, initial=state.step, disable=not acc.is_main_process, desc="stage 2", dynamic_ncols=True
         )
         while state.step < t.max_steps:
-            for _ in range(t.d_steps_per_g_step):
-                self.discriminator_phase()
-            self.generator_phase()
+            # The first step may build caches, kernels and communicators: it gets a longer bound.
+            first = HEARTBEAT.long_work("first step") if state.step == window_step else contextlib.nullcontext()
+            with first:
+                for _ in range(t.d_steps_per_g_step):
+                    self.discriminator_phase()
+                self.generator_phase()
             state.step += 1
             state.epoch, state.position = self.stream.epoch, self.stream.position
             bar.update(1)
 
             # The one agreement of the step: a stop asked on any rank stops every rank here.
             time_up = t.max_time > 0 and time.monotonic() - started >= t.max_time
-            time_up, signalled = runtime.any_rank(acc, [time_up, self.signal_received is not None])
+            time_up, signalled = runtime.any_rank(
+                acc, [time_up, self.signal_received is not None], "per-step agreement"
+            )
             if state.step % t.log_every == 0:
                 elapsed = time.monotonic() - window_start
                 self._log_train(state.step - window_step, elapsed)
@@ -411,6 +462,7 @@ class Trainer:
         bar.close()
         if not self.stopped:
             self._export("final")
+        HEARTBEAT.collective_entered("barrier at the end")
         acc.wait_for_everyone()
         if acc.is_main_process and acc.trackers:
             for tracker in acc.trackers:
@@ -432,7 +484,10 @@ class Trainer:
                 names.append(key)
                 sums.append(value / phase.count)
             phase.loss_sum, phase.parts_sum, phase.count = None, {}, 0
-        means = acc.reduce(torch.stack(sums), reduction="mean") if acc.num_processes > 1 else torch.stack(sums)
+        means = torch.stack(sums)
+        if acc.num_processes > 1:
+            HEARTBEAT.collective_entered("all_reduce (train losses for the log)")
+            means = acc.reduce(means, reduction="mean")
         values: dict[str, Any] = dict(zip(names, means.tolist(), strict=True))
         samples = steps * t.d_steps_per_g_step * t.gradient_accumulation_steps * t.batch_size * acc.num_processes
         values.update(
@@ -472,16 +527,18 @@ class Trainer:
         return metrics
 
     def _export(self, name: str) -> None:
-        for role, phase in (("generator", self.g), ("discriminator", self.d)):
-            checkpoint.export_model(self.accelerator, phase.model, self.output_dir / name / role)
+        with HEARTBEAT.long_work(f"writing {name}/"):
+            for role, phase in (("generator", self.g), ("discriminator", self.d)):
+                checkpoint.export_model(self.accelerator, phase.model, self.output_dir / name / role)
 
     def _save(self) -> None:
         self.state.epoch, self.state.position = self.stream.epoch, self.stream.position
-        path = checkpoint.save_checkpoint(
-            self.accelerator,
-            self.output_dir,
-            self.state,
-            {"noise": self.noise.get_state()},
-            self.config.training.keep_checkpoints,
-        )
+        with HEARTBEAT.long_work("checkpoint write"):
+            path = checkpoint.save_checkpoint(
+                self.accelerator,
+                self.output_dir,
+                self.state,
+                {"noise": self.noise.get_state()},
+                self.config.training.keep_checkpoints,
+            )
         logger.info(f"saved {path}")

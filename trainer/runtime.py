@@ -17,10 +17,11 @@ import torch
 from accelerate import Accelerator, DataLoaderConfiguration, InitProcessGroupKwargs
 from accelerate.logging import get_logger
 from accelerate.state import AcceleratorState, GradientState
-from accelerate.utils import GradientAccumulationPlugin
+from accelerate.utils import GradientAccumulationPlugin, gather_object
 
 from trainer.config import Config
 from trainer.errors import ConfigError, UserError
+from trainer.watchdog import HEARTBEAT
 
 logger = get_logger("trainer")
 T = TypeVar("T")
@@ -97,7 +98,7 @@ def check_world(accelerator: Accelerator) -> None:
         raise UserError(
             f"rank {os.environ.get('RANK', '?')}: the launcher started {launched} processes but "
             f"this one sees a world of {accelerator.num_processes} "
-            f"({accelerator.distributed_type}); use --device cpu on a machine without GPUs"
+            f"({accelerator.distributed_type.value}); use --device cpu on a machine without GPUs"
         )
 
 
@@ -106,12 +107,47 @@ def describe_rank(accelerator: Accelerator) -> str:
     device = accelerator.device
     detail = ""
     if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        detail = f" ({props.name}, uuid {getattr(props, 'uuid', '?')})"
+        detail = f" ({torch.cuda.get_device_name(device)}, {device_identity(device)})"
     return (
         f"host {socket.gethostname()} rank {accelerator.process_index}/{accelerator.num_processes} "
         f"local rank {accelerator.local_process_index} device {device}{detail}"
     )
+
+
+def device_identity(device: torch.device) -> str:
+    """A name for the physical device (its UUID on CUDA), to find ranks that share one."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return f"cuda uuid {getattr(props, 'uuid', device.index)}"
+    return device.type
+
+
+def device_map(accelerator: Accelerator) -> list[tuple[str, int, str]]:
+    """(host, rank, device identity) of every rank (one all-gather of small objects)."""
+    mine = [(socket.gethostname(), accelerator.process_index, device_identity(accelerator.device))]
+    if accelerator.num_processes == 1:
+        return mine
+    HEARTBEAT.collective_entered("gather_object (device map)")
+    return gather_object(mine)
+
+
+def shared_devices(world: list[tuple[str, int, str]]) -> str:
+    """A description of two ranks on one accelerator of one host, or '' when there is none."""
+    owner: dict[tuple[str, str], int] = {}
+    for host, rank, identity in world:
+        if identity != "cpu" and (host, identity) in owner:
+            return f"ranks {owner[(host, identity)]} and {rank} share {identity} on {host}"
+        owner.setdefault((host, identity), rank)
+    return ""
+
+
+def check_devices(accelerator: Accelerator) -> None:
+    """Fail on every rank, before training, when two ranks share a device."""
+    clash = shared_devices(device_map(accelerator))
+    if clash:
+        error = UserError(f"{clash}; each rank needs its own device (check CUDA_VISIBLE_DEVICES and the launcher)")
+        error.agreed = True
+        raise error
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -121,18 +157,22 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
 
 
-def any_rank(accelerator: Accelerator, flags: Sequence[bool]) -> list[bool]:
+def any_rank(accelerator: Accelerator, flags: Sequence[bool], purpose: str) -> list[bool]:
     """For each flag, whether it is set on any rank: one all-reduce for the whole vector."""
     local = torch.tensor([float(f) for f in flags], device=accelerator.device)
     if accelerator.num_processes > 1:
+        HEARTBEAT.collective_entered(f"all_reduce ({purpose})")
         local = accelerator.reduce(local, reduction="sum")
     return [bool(v > 0) for v in local.tolist()]
 
 
-def ranks_with(accelerator: Accelerator, flag: bool) -> list[int]:
+def ranks_with(accelerator: Accelerator, flag: bool, purpose: str) -> list[int]:
     """The ranks on which ``flag`` is set (one all-gather)."""
     flags = torch.tensor([float(flag)], device=accelerator.device)
-    gathered = accelerator.gather(flags) if accelerator.num_processes > 1 else flags
+    if accelerator.num_processes > 1:
+        HEARTBEAT.collective_entered(f"all_gather ({purpose})")
+        flags = accelerator.gather(flags)
+    gathered = flags
     return [rank for rank, value in enumerate(gathered.tolist()) if value > 0]
 
 
@@ -148,7 +188,7 @@ def agreed(accelerator: Accelerator, what: str, action: Callable[[], T]) -> T:
         result = action()
     except UserError as exc:
         error = exc
-    failed = ranks_with(accelerator, error is not None)
+    failed = ranks_with(accelerator, error is not None, what)
     if failed:
         if error is None:
             error = UserError(f"{what} failed on rank(s) {', '.join(map(str, failed))}; see that rank's error")

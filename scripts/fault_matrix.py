@@ -1,0 +1,463 @@
+"""Run each fault against the real launcher at 1, 2 and 4 CPU processes; print a table.
+
+    python scripts/fault_matrix.py [--processes 1 2 4] [--scenarios NAME ...] [--markdown]
+
+Each scenario starts tiny training runs (the test tasks of tests/fixture_tasks.py inject the
+faults), applies the fault, and checks the outcome against its bound: every process gone,
+the exit status, the seconds to the outcome, and what was left on disk. Nothing may hang:
+every run has a hard timeout. tests/test_faults.py runs every scenario at 2 processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+TRAIN = ROOT / "scripts" / "train_stage2.py"
+HARD_TIMEOUT = 180
+WATCHDOG_S = 5.0
+
+
+@dataclass
+class Outcome:
+    """One row of the matrix."""
+
+    scenario: str
+    processes: int
+    ok: bool
+    outcome: str
+    seconds: float
+    on_disk: str
+
+
+class Run:
+    """A tiny training run in its own directory, launched like a user would."""
+
+    def __init__(self, work: Path, processes: int, task_options: dict[str, Any] | None = None, **sections: Any):
+        self.work, self.processes = work, processes
+        self.out = work / "out"
+        self.pids = work / "pids"
+        self.pids.mkdir(parents=True, exist_ok=True)
+        (work / "g.yaml").write_text(yaml.safe_dump(sections.pop("generator", {"hidden_dim": 16, "num_layers": 2})))
+        (work / "d.yaml").write_text(yaml.safe_dump(sections.pop("discriminator", {"hidden_dim": 16, "num_layers": 2})))
+        config: dict[str, Any] = {
+            "task": "fixture_tasks:Faults",
+            "output_dir": str(self.out),
+            "model": {"generator_config": str(work / "g.yaml"), "discriminator_config": str(work / "d.yaml")},
+            "task_options": {"plot": False, "pid_dir": str(self.pids), **(task_options or {})},
+            "training": {
+                "max_steps": 6,
+                "batch_size": 4,
+                "eval_every": 3,
+                "save_every": 3,
+                "log_every": 1,
+                "mixed_precision": "no",
+                "log_with": ["none"],
+            },
+            "eval": {"batch_size": 4},
+            "data": {"train_size": 64, "eval_size": 10},
+            "distributed": {"watchdog_s": WATCHDOG_S, "timeout_s": 60},
+        }
+        for section, values in sections.items():
+            config[section] = {**config.get(section, {}), **values}
+        self.config = work / "train.yaml"
+        self.config.write_text(yaml.safe_dump(config))
+
+    def command(self, *extra: str) -> list[str]:
+        args = [str(TRAIN), "--config", str(self.config), "--device", "cpu", *extra]
+        if self.processes == 1:
+            return [sys.executable, *args]
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        return [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(ROOT / "accelerate_configs" / "8gpu.yaml"),
+            "--num_processes",
+            str(self.processes),
+            "--main_process_port",
+            str(port),
+            *args,
+        ]
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        env["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(ROOT), env.get("PYTHONPATH", "")])
+        env.pop("WORLD_SIZE", None)
+        return env
+
+    def start(self, *extra: str) -> subprocess.Popen:
+        for old in self.pids.iterdir():
+            old.unlink()
+        return subprocess.Popen(
+            self.command(*extra),
+            cwd=ROOT,
+            env=self.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+
+    def run(self, *extra: str) -> tuple[subprocess.CompletedProcess, float]:
+        start = time.monotonic()
+        result = subprocess.run(
+            self.command(*extra), cwd=ROOT, env=self.env(), capture_output=True, text=True, timeout=HARD_TIMEOUT
+        )
+        return result, time.monotonic() - start
+
+    def rank_pids(self, timeout: float = 120) -> dict[int, int]:
+        """Wait until every rank has started training; their pids by rank."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = {int(p.stem[4:]): int(p.read_text()) for p in self.pids.glob("rank*.pid") if p.read_text()}
+            if len(found) == self.processes:
+                return found
+            time.sleep(0.05)
+        raise TimeoutError("the ranks did not start training")
+
+    def records(self, split: str) -> list[dict[str, Any]]:
+        path = self.out / "metrics.jsonl"
+        lines = path.read_text().splitlines() if path.is_file() else []
+        return [r for r in map(json.loads, lines) if r["split"] == split]
+
+    def on_disk(self) -> str:
+        if not self.out.exists():
+            return "nothing"
+        names = (
+            sorted(p.name for p in (self.out / "checkpoints").iterdir()) if (self.out / "checkpoints").exists() else []
+        )
+        stalls = sorted(p.name for p in self.out.glob("stall-rank*.txt"))
+        final = "final/" if (self.out / "final").exists() else "no final/"
+        return ", ".join([*names, *stalls, final]) or "nothing"
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    """Whether two final/ directories hold bit-identical weights."""
+    from safetensors.torch import load_file
+
+    for role in ("generator", "discriminator"):
+        left, right = load_file(a / role / "model.safetensors"), load_file(b / role / "model.safetensors")
+        if left.keys() != right.keys() or not all(left[k].equal(right[k]) for k in left):
+            return False
+    return True
+
+
+def wait(proc: subprocess.Popen, timeout: float = HARD_TIMEOUT) -> tuple[int, str, str]:
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        return -999, stdout, stderr + "\nHUNG: killed by the fault matrix"
+    return proc.returncode, stdout, stderr
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie has exited already; only a running or stopped process counts.
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error (rank")]
+
+
+# -- scenarios -------------------------------------------------------------------------------
+
+
+def kill_one_rank(work: Path, processes: int) -> Outcome:
+    """A rank killed with SIGKILL mid-step: all processes gone, non-zero, <= 15 s."""
+    run = Run(work, processes, {"step_sleep_s": 0.02}, training={"max_steps": 100000, "save_every": 100000})
+    proc = run.start()
+    pids = run.rank_pids()
+    time.sleep(0.5)
+    start = time.monotonic()
+    os.kill(pids[processes - 1], signal.SIGKILL)
+    code, _, _ = wait(proc)
+    seconds = time.monotonic() - start
+    survivors = [p for p in pids.values() if alive(p)]
+    ok = code != 0 and not survivors and seconds <= 15
+    return Outcome(
+        "SIGKILL one rank mid-step", processes, ok, f"exit {code}, {len(survivors)} left", seconds, run.on_disk()
+    )
+
+
+def freeze_one_rank(work: Path, processes: int) -> Outcome:
+    """A rank frozen with SIGSTOP: a watchdog fires, all gone, <= watchdog_s + 10 s, stack file."""
+    run = Run(work, processes, {"step_sleep_s": 0.02}, training={"max_steps": 100000, "save_every": 100000})
+    proc = run.start()
+    pids = run.rank_pids()
+    time.sleep(0.5)
+    start = time.monotonic()
+    os.kill(pids[processes - 1], signal.SIGSTOP)
+    if processes == 1:
+        # Nothing is left to notice: the frozen process's own watchdog is frozen with it.
+        time.sleep(WATCHDOG_S + 2)
+        frozen = proc.poll() is None
+        os.killpg(proc.pid, signal.SIGKILL)
+        os.kill(pids[0], signal.SIGCONT)
+        wait(proc)
+        return Outcome(
+            "SIGSTOP one rank",
+            1,
+            frozen,
+            "not applicable: no peer can see a frozen single process (stays frozen, as expected)",
+            time.monotonic() - start,
+            run.on_disk(),
+        )
+    code, _, stderr = wait(proc)
+    seconds = time.monotonic() - start
+    survivors = [p for p in pids.values() if alive(p)]
+    stalls = list(run.out.glob("stall-rank*.txt"))
+    reported = any("stalled for" in line for line in error_lines(stderr))
+    ok = code != 0 and not survivors and seconds <= WATCHDOG_S + 10 and bool(stalls) and reported
+    return Outcome(
+        "SIGSTOP one rank", processes, ok, f"exit {code}, watchdog on {len(stalls)} rank(s)", seconds, run.on_disk()
+    )
+
+
+def nan_on_one_rank(work: Path, processes: int) -> Outcome:
+    """NaN on one rank at one step: that step skipped on all ranks, identical weights after."""
+    run = Run(work, processes, {"nan_rank": processes - 1, "nan_first_call": 2, "nan_last_call": 2})
+    result, seconds = run.run()
+    train, evals = run.records("train"), run.records("eval")
+    skipped = train[-1]["skipped_d"] if train else None
+    agree = bool(evals) and all(r["checksum_spread"] == 0.0 and r["checksum_finite"] for r in evals)
+    ok = result.returncode == 0 and skipped == 1 and agree
+    return Outcome(
+        "NaN on one rank, one step",
+        processes,
+        ok,
+        f"exit {result.returncode}, skipped_d={skipped}, ranks identical={agree}",
+        seconds,
+        run.on_disk(),
+    )
+
+
+def bad_init(kind: str) -> Callable[[Path, int], Outcome]:
+    def scenario(work: Path, processes: int) -> Outcome:
+        """A missing, truncated or code-executing init checkpoint: clear error on all ranks, <= 15 s."""
+        from safetensors.torch import save_file
+
+        from trainer.tasks.gaussian_mixture import mlp
+
+        work.mkdir(parents=True, exist_ok=True)
+        if kind == "missing":
+            path = work / "nowhere.safetensors"
+        elif kind == "truncated":
+            path = work / "cut.safetensors"
+            save_file(mlp(2, 16, 2, 1).state_dict(), str(path))
+            path.write_bytes(path.read_bytes()[:100])
+        else:
+            path = work / "code.pt"
+            path.write_bytes(EVIL_PICKLE)
+        run = Run(work, processes, init={"discriminator": str(path)})
+        result, seconds = run.run()
+        lines = error_lines(result.stderr)
+        # A missing path is caught while reading the config, before any process group: every
+        # rank reports it. Unreadable files are agreed: every rank reports the failure.
+        ranks_reporting = {line.split(")")[0] for line in lines}
+        ok = result.returncode != 0 and len(ranks_reporting) == processes and seconds <= 15
+        first = lines[0].split(": ", 1)[1][:90] if lines else "no error line"
+        return Outcome(
+            f"init checkpoint {kind}", processes, ok, f"exit {result.returncode}: {first}", seconds, run.on_disk()
+        )
+
+    return scenario
+
+
+# A pickle whose loading would call os.system: what weights_only=True must refuse.
+EVIL_PICKLE = b"cos\nsystem\n(S'echo pwned'\ntR."
+
+
+def kill_during_checkpoint(work: Path, processes: int) -> Outcome:
+    """SIGKILL of the whole job during a checkpoint write: the previous checkpoint is intact
+    and --resume latest continues from it."""
+    big = {"hidden_dim": 1024, "num_layers": 4}
+    run = Run(
+        work,
+        processes,
+        generator=big,
+        discriminator=big,
+        training={"max_steps": 40, "save_every": 2, "eval_every": 1000, "keep_checkpoints": 5},
+    )
+    proc = run.start()
+    root = run.out / "checkpoints"
+    start = time.monotonic()
+    caught = None
+    while proc.poll() is None and time.monotonic() - start < HARD_TIMEOUT:
+        partial = [p for p in root.glob(".partial-step-*")] if root.exists() else []
+        complete = sorted(root.glob("step-*")) if root.exists() else []
+        if partial and complete:
+            caught = partial[0].name
+            os.killpg(proc.pid, signal.SIGKILL)
+            break
+        time.sleep(0.002)
+    wait(proc)
+    if caught is None:
+        return Outcome(
+            "SIGKILL job during checkpoint write",
+            processes,
+            False,
+            "never caught a write in progress",
+            time.monotonic() - start,
+            run.on_disk(),
+        )
+    from trainer.checkpoint import resolve_resume
+
+    latest = resolve_resume("latest", run.out)
+    resumed, seconds = run.run("--resume", "latest")
+    expected_step = int(latest.name[5:]) if latest else -1
+    ok = latest is not None and resumed.returncode == 0 and f"at step {expected_step}" in resumed.stderr
+    return Outcome(
+        "SIGKILL job during checkpoint write",
+        processes,
+        ok,
+        f"killed in {caught}; resumed from {latest.name if latest else None}: exit {resumed.returncode}",
+        seconds,
+        run.on_disk(),
+    )
+
+
+def terminate_one_rank(work: Path, processes: int) -> Outcome:
+    """SIGTERM to one rank: an agreed checkpoint on every rank, exit 0, exact resume."""
+    training = {"max_steps": 200, "save_every": 1000, "eval_every": 1000, "log_every": 50}
+    whole = Run(work / "whole", processes, training=training)
+    whole.run()
+    run = Run(work / "stopped", processes, {"step_sleep_s": 0.01}, training=training)
+    proc = run.start()
+    pids = run.rank_pids()
+    time.sleep(0.3)
+    start = time.monotonic()
+    os.kill(pids[processes - 1], signal.SIGTERM)
+    code, stdout, _ = wait(proc)
+    seconds = time.monotonic() - start
+    saved = sorted((run.out / "checkpoints").glob("step-*")) if (run.out / "checkpoints").exists() else []
+    stopped_ok = code == 0 and "stopped by a stop signal" in stdout and len(saved) == 1
+    on_disk = run.on_disk()
+    resumed, _ = run.run("--resume", "latest")
+    same = resumed.returncode == 0 and same_weights(run.out / "final", whole.out / "final")
+    ok = stopped_ok and same
+    where = saved[0].name if saved else "no checkpoint"
+    return Outcome(
+        "SIGTERM one rank", processes, ok, f"exit {code} at {where}; resumed bit-identical={same}", seconds, on_disk
+    )
+
+
+def eval_size(size: int, label: str) -> Callable[[Path, int], Outcome]:
+    def scenario(work: Path, processes: int) -> Outcome:
+        """Eval sets of awkward sizes: every sample scored once (or a clear error for none)."""
+        run = Run(work, processes, data={"eval_size": size})
+        result, seconds = run.run()
+        if size == 0:
+            lines = error_lines(result.stderr)
+            ok = result.returncode != 0 and any("'data.eval_size' must be at least 1" in x for x in lines)
+            return Outcome(
+                label,
+                processes,
+                ok,
+                f"exit {result.returncode}: {lines[0][:90] if lines else '?'}",
+                seconds,
+                run.on_disk(),
+            )
+        counts = [r["num_samples"] for r in run.records("eval")]
+        ok = result.returncode == 0 and counts and all(c == size for c in counts)
+        return Outcome(
+            label,
+            processes,
+            bool(ok),
+            f"exit {result.returncode}, num_samples {sorted(set(counts))}",
+            seconds,
+            run.on_disk(),
+        )
+
+    return scenario
+
+
+def one_rank_collective(work: Path, processes: int) -> Outcome:
+    """A collective entered on one rank only, with distributed.debug: reported, no hang."""
+    if processes == 1:
+        return Outcome("collective on one rank only (debug)", 1, True, "not applicable: one rank", 0.0, "nothing")
+    run = Run(work, processes, {"rogue_collective_call": 3}, distributed={"debug": True})
+    result, seconds = run.run()
+    text = result.stderr
+    reported = "mismatch" in text.lower() or "stalled for" in text
+    ok = result.returncode != 0 and reported and seconds <= WATCHDOG_S + 60
+    how = "collective mismatch reported" if "mismatch" in text.lower() else ("watchdog" if reported else "?")
+    return Outcome(
+        "collective on one rank only (debug)", processes, ok, f"exit {result.returncode}, {how}", seconds, run.on_disk()
+    )
+
+
+SCENARIOS: dict[str, Callable[[Path, int], Outcome]] = {
+    "kill_one_rank": kill_one_rank,
+    "freeze_one_rank": freeze_one_rank,
+    "nan_on_one_rank": nan_on_one_rank,
+    "init_missing": bad_init("missing"),
+    "init_truncated": bad_init("truncated"),
+    "init_pickle_with_code": bad_init("pickle_with_code"),
+    "kill_during_checkpoint": kill_during_checkpoint,
+    "terminate_one_rank": terminate_one_rank,
+    "eval_smaller_than_world": eval_size(1, "eval set of 1 sample"),
+    "uneven_shards": eval_size(7, "eval set of 7 (uneven shards)"),
+    "empty_eval": eval_size(0, "empty eval set"),
+    "one_rank_collective": one_rank_collective,
+}
+
+
+def run_scenario(name: str, processes: int, work: Path | None = None) -> Outcome:
+    """Run one scenario in a fresh directory (a temporary one unless ``work`` is given)."""
+    if work is not None:
+        return SCENARIOS[name](work, processes)
+    with tempfile.TemporaryDirectory() as tmp:
+        return SCENARIOS[name](Path(tmp), processes)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
+    args = p.parse_args()
+    print("| scenario | processes | within bound | outcome | seconds | left on disk |")
+    print("|---|---|---|---|---|---|")
+    failures = 0
+    for name in args.scenarios:
+        for processes in args.processes:
+            row = run_scenario(name, processes)
+            failures += not row.ok
+            print(
+                f"| {row.scenario} | {row.processes} | {'yes' if row.ok else 'NO'} | {row.outcome} | "
+                f"{row.seconds:.1f} | {row.on_disk} |",
+                flush=True,
+            )
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""The doctor: start-up checks of a (multi-)process world, run with the training launcher.
+
+Every rank runs every check in the same order, so the collectives line up; a check's
+failure on any rank is agreed (one all-gather) and reported by every rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from trainer.errors import UserError
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="doctor", description="Check the launch, devices and collectives before training.")
+    p.add_argument("--config", help="training config to parse (optional)")
+    p.add_argument("--generator-config")
+    p.add_argument("--discriminator-config")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--output-dir", help="directory every rank must be able to write (default: the config's)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=value")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds before a hanging rank gives up")
+    p.add_argument("--size-mb", type=float, default=16.0, help="size of the timed all_reduce")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    rank = os.environ.get("RANK", "0")
+    try:
+        return run(args)
+    except UserError as exc:
+        print(f"error (rank {rank}): {exc}", file=sys.stderr, flush=True)
+        print(f"doctor (rank {rank}): FAILED", flush=True)
+        return 1
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    import torch.distributed as dist
+
+    from trainer import runtime
+    from trainer.config import Config, load_config
+    from trainer.watchdog import HEARTBEAT, Watchdog
+
+    config_problem = ""
+    cfg = Config()
+    if args.config:
+        try:
+            cfg = load_config(
+                args.config,
+                args.overrides,
+                generator_config=args.generator_config,
+                discriminator_config=args.discriminator_config,
+                output_dir=args.output_dir,
+            ).config
+        except UserError as exc:
+            config_problem = str(exc)
+    output_dir = Path(args.output_dir or cfg.output_dir)
+    cfg.distributed.timeout_s = args.timeout
+    accelerator = runtime.build_accelerator(cfg, args.device, None)
+    me = accelerator.process_index
+    problems: list[str] = []
+
+    def say(text: str) -> None:
+        print(f"doctor (rank {me}): {text}", flush=True)
+
+    def check(name: str, local_problem: str) -> None:
+        """Agree on one check: every rank learns which ranks failed it."""
+        failed = runtime.ranks_with(accelerator, bool(local_problem), f"doctor: {name}")
+        if local_problem:
+            say(f"{name}: FAILED: {local_problem}")
+        if failed:
+            problems.append(f"{name} failed on rank(s) {', '.join(map(str, failed))}")
+        else:
+            say(f"{name}: ok")
+
+    with Watchdog(args.timeout, output_dir, me):
+        say(runtime.describe_rank(accelerator))
+        say(
+            f"world {accelerator.num_processes} ({accelerator.distributed_type.value}), backend "
+            f"{dist.get_backend() if dist.is_initialized() else 'none'}"
+        )
+        check("configs parse", config_problem)
+
+        world = runtime.device_map(accelerator)
+        if accelerator.is_main_process:
+            for host, rank, identity in world:
+                say(f"device map: rank {rank} on {host}: {identity}")
+        check("one device per rank", runtime.shared_devices(world))
+
+        device = accelerator.device
+        elements = int(args.size_mb * 2**20 / 4)
+        payload = torch.ones(elements, device=device)
+
+        def timed(name: str, action: Callable[[], object]) -> None:
+            HEARTBEAT.collective_entered(name)
+            start = time.perf_counter()
+            action()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            say(f"{name}: {1000 * (time.perf_counter() - start):.1f} ms")
+
+        if accelerator.num_processes > 1:
+            timed(f"all_reduce {args.size_mb:g} MB", lambda: dist.all_reduce(payload))
+            expected = float(accelerator.num_processes)
+            bad_sum = "" if float(payload[0]) == expected else f"all_reduce gave {float(payload[0])}, not {expected}"
+            check("all_reduce result", bad_sum)
+            timed("all_gather", lambda: accelerator.gather(torch.tensor([me], device=device)))
+            timed("broadcast", lambda: dist.broadcast(torch.zeros(1, device=device), src=0))
+            timed("barrier", accelerator.wait_for_everyone)
+
+        check("output directory writable", writable(output_dir, me))
+    verdict = "OK" if not problems else "FAILED: " + "; ".join(problems)
+    say(f"verdict: {verdict}")
+    return 0 if not problems else 1
+
+
+def writable(directory: Path, rank: int) -> str:
+    probe = directory / f".doctor-rank{rank}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        return f"{directory}: {exc.strerror or exc}"
+    return ""

@@ -1,0 +1,125 @@
+"""Stall detection: a rank that makes no progress for a bound writes its stacks and exits.
+
+The loop and the runtime helpers feed one process-wide :data:`HEARTBEAT` (the phase, the step,
+the last collective entered); a daemon thread checks it. When a rank stalls, its watchdog
+writes every thread's Python stack to ``OUTPUT/stall-rank{R}.txt``, prints one line and ends
+the process with exit status 4, so that the launcher ends the other ranks. A rank frozen from
+outside (SIGSTOP) cannot report itself; the ranks waiting for it in a collective do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+
+STALL_EXIT_CODE = 4
+
+
+class Heartbeat:
+    """What this rank is doing and when it last made progress."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+        self.phase = "start-up"
+        self.step = 0
+        self.collective = "none yet"
+        self.allowance = 1.0
+
+    def beat(self, phase: str | None = None, step: int | None = None) -> None:
+        """Progress was made (optionally in a new phase or step)."""
+        self.last = time.monotonic()
+        if phase is not None:
+            self.phase = phase
+        if step is not None:
+            self.step = step
+
+    def collective_entered(self, name: str) -> None:
+        """Record the collective this rank is about to enter (for the stall report)."""
+        self.collective = name
+        self.last = time.monotonic()
+
+    @contextlib.contextmanager
+    def long_work(self, phase: str, factor: float = 10.0) -> Iterator[None]:
+        """Work that may legitimately run longer than the bound without a beat (a big
+        checkpoint write, the first step): the bound is multiplied by ``factor`` meanwhile."""
+        previous_phase, previous_allowance = self.phase, self.allowance
+        self.beat(phase)
+        self.allowance = factor
+        try:
+            yield
+        finally:
+            self.allowance = previous_allowance
+            self.beat(previous_phase)
+
+
+HEARTBEAT = Heartbeat()
+
+
+def stack_report(heartbeat: Heartbeat, rank: int, idle_s: float) -> str:
+    """The stall report: what the rank was doing, then every thread's Python stack."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    lines = [
+        f"rank {rank} pid {os.getpid()} made no progress for {idle_s:.1f} s",
+        f"phase: {heartbeat.phase}",
+        f"step: {heartbeat.step}",
+        f"last collective entered: {heartbeat.collective}",
+        "",
+    ]
+    for ident, frame in sys._current_frames().items():
+        lines.append(f"--- thread {names.get(ident, '?')} ({ident}) ---")
+        lines.extend(line.rstrip("\n") for line in traceback.format_stack(frame))
+        lines.append("")
+    return "\n".join(lines)
+
+
+class Watchdog:
+    """A daemon thread that ends this process when :data:`HEARTBEAT` stops for ``limit_s``."""
+
+    def __init__(self, limit_s: float, output_dir: Path, rank: int, heartbeat: Heartbeat = HEARTBEAT) -> None:
+        self.limit_s = limit_s
+        self.output_dir = output_dir
+        self.rank = rank
+        self.heartbeat = heartbeat
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="trainer-watchdog", daemon=True)
+
+    def __enter__(self) -> Watchdog:
+        if self.limit_s > 0:
+            self.heartbeat.beat()
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _watch(self) -> None:
+        period = min(1.0, self.limit_s / 10)
+        while not self._stop.wait(period):
+            idle = time.monotonic() - self.heartbeat.last
+            if idle > self.limit_s * self.heartbeat.allowance:
+                self._report_and_exit(idle)
+
+    def _report_and_exit(self, idle: float) -> None:
+        path = self.output_dir / f"stall-rank{self.rank}.txt"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(stack_report(self.heartbeat, self.rank, idle))
+            where = f"stacks in {path}"
+        except OSError as exc:
+            where = f"could not write {path}: {exc}"
+        print(
+            f"error (rank {self.rank}): stalled for {idle:.0f} s (distributed.watchdog_s) in "
+            f"{self.heartbeat.phase} at step {self.heartbeat.step}, last collective "
+            f"{self.heartbeat.collective}; {where}",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(STALL_EXIT_CODE)
