@@ -56,3 +56,14 @@ def test_overflow_in_one_model_leaves_the_other_update_exact(tmp_path):
     assert overflow["skipped_g"] == clean["skipped_g"] == 0
     for key, value in g_clean.items():
         assert torch.equal(g_overflow[key], value), key
+
+
+@pytest.mark.timeout(120)
+def test_bf16_autocast_runs_on_cpu(tmp_path):
+    from helpers import records
+
+    config = write_run(tmp_path, {"training": {"mixed_precision": "bf16", "max_steps": 2}})
+    Trainer(load_config(config), device="cpu").fit()
+    train = records(tmp_path / "out", "train")
+    assert len(train) == 2 and all(torch.isfinite(torch.tensor(r["d_loss"])) for r in train)
+    assert records(tmp_path / "out", "eval")[-1]["num_samples"] == 10
