@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 TESTS = ROOT / "tests"
 TRAIN = ROOT / "scripts" / "train_stage2.py"
 HARD_TIMEOUT = 180

@@ -67,9 +67,12 @@ def test_init_from_a_legacy_pt_trains_with_a_warning(tmp_path):
 
 
 def test_shared_devices_are_found():
-    assert shared_devices([("a", 0, "cuda uuid 1"), ("a", 1, "cuda uuid 2"), ("b", 2, "cuda uuid 1")]) == ""
-    assert shared_devices([("a", 0, "cpu"), ("a", 1, "cpu")]) == ""
-    assert shared_devices([("a", 0, "cuda uuid 1"), ("a", 1, "cuda uuid 1")]) == "ranks 0 and 1 share cuda uuid 1 on a"
+    assert shared_devices([("a", 0, "cuda uuid 1", 9), ("a", 1, "cuda uuid 2", 8), ("b", 2, "cuda uuid 1", 7)]) == ""
+    assert shared_devices([("a", 0, "cpu", 9), ("a", 1, "cpu", 8)]) == ""
+    assert (
+        shared_devices([("a", 0, "cuda uuid 1", 9), ("a", 1, "cuda uuid 1", 8)])
+        == "ranks 0 and 1 share cuda uuid 1 on a"
+    )
 
 
 WATCHED = """

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
 
         world = runtime.device_map(accelerator)
         if accelerator.is_main_process:
-            for host, rank, identity in world:
+            for host, rank, identity, _ in world:
                 say(f"device map: rank {rank} on {host}: {identity}")
         check("one device per rank", runtime.shared_devices(world))
 

@@ -52,6 +52,7 @@ def evaluate(
     bare_g.eval()
     bare_d.eval()
     chunks = []
+    HEARTBEAT.collective_entered("eval dataloader start (sampler RNG broadcast)")
     try:
         for batch in dataloader:
             HEARTBEAT.beat("eval")

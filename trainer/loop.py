@@ -105,6 +105,7 @@ class BatchStream:
 
     def next(self) -> Any:
         if self.iterator is None:
+            HEARTBEAT.collective_entered("train dataloader start (sampler RNG broadcast)")
             self.dataloader.set_epoch(self.epoch)
             loader = self.dataloader
             if self.position:
@@ -181,7 +182,7 @@ class Trainer:
     def _setup(self) -> None:
         cfg, t, accelerator = self.config, self.config.training, self.accelerator
         logger.info(runtime.describe_rank(accelerator), main_process_only=False)
-        runtime.check_devices(accelerator)
+        self.watchdog.peers = runtime.check_devices(accelerator)
         if t.mixed_precision == "fp16" and accelerator.device.type == "cpu" and accelerator.scaler is None:
             logger.warning("fp16 was requested but accelerate runs fp32 on the CPU (no autocast, no GradScaler)")
         set_seed(t.seed)
@@ -390,7 +391,8 @@ class Trainer:
         try:
             self._build_accelerator()
             rank = self.accelerator.process_index
-            with Watchdog(cfg.distributed.watchdog_s, self.output_dir, rank), self._stop_signals():
+            self.watchdog = Watchdog(cfg.distributed.watchdog_s, self.output_dir, rank)
+            with self.watchdog, self._stop_signals():
                 with HEARTBEAT.long_work("start-up"):
                     self._setup()
                 return self._train()
@@ -424,18 +426,20 @@ class Trainer:
         acc, t, state = self.accelerator, self.config.training, self.state
         started = time.monotonic()
         window_start, window_step = started, state.step
+        first_step = state.step + 1
         last_eval: dict[str, Any] = {}
         bar = tqdm(
             total=t.max_steps, initial=state.step, disable=not acc.is_main_process, desc="stage 2", dynamic_ncols=True
         )
         while state.step < t.max_steps:
             # The first step may build caches, kernels and communicators: it gets a longer bound.
-            first = HEARTBEAT.long_work("first step") if state.step == window_step else contextlib.nullcontext()
-            with first:
+            first = state.step + 1 == first_step
+            with HEARTBEAT.long_work("first step") if first else contextlib.nullcontext():
                 for _ in range(t.d_steps_per_g_step):
                     self.discriminator_phase()
                 self.generator_phase()
             state.step += 1
+            HEARTBEAT.beat("end of step (agreement, log, eval, save)", state.step)
             state.epoch, state.position = self.stream.epoch, self.stream.position
             bar.update(1)
 

@@ -122,32 +122,36 @@ def device_identity(device: torch.device) -> str:
     return device.type
 
 
-def device_map(accelerator: Accelerator) -> list[tuple[str, int, str]]:
-    """(host, rank, device identity) of every rank (one all-gather of small objects)."""
-    mine = [(socket.gethostname(), accelerator.process_index, device_identity(accelerator.device))]
+def device_map(accelerator: Accelerator) -> list[tuple[str, int, str, int]]:
+    """(host, rank, device identity, pid) of every rank (one all-gather of small objects)."""
+    mine = [(socket.gethostname(), accelerator.process_index, device_identity(accelerator.device), os.getpid())]
     if accelerator.num_processes == 1:
         return mine
     HEARTBEAT.collective_entered("gather_object (device map)")
     return gather_object(mine)
 
 
-def shared_devices(world: list[tuple[str, int, str]]) -> str:
+def shared_devices(world: list[tuple[str, int, str, int]]) -> str:
     """A description of two ranks on one accelerator of one host, or '' when there is none."""
     owner: dict[tuple[str, str], int] = {}
-    for host, rank, identity in world:
+    for host, rank, identity, _ in world:
         if identity != "cpu" and (host, identity) in owner:
             return f"ranks {owner[(host, identity)]} and {rank} share {identity} on {host}"
         owner.setdefault((host, identity), rank)
     return ""
 
 
-def check_devices(accelerator: Accelerator) -> None:
-    """Fail on every rank, before training, when two ranks share a device."""
-    clash = shared_devices(device_map(accelerator))
+def check_devices(accelerator: Accelerator) -> list[int]:
+    """Fail on every rank, before training, when two ranks share a device; returns the pids of
+    the other ranks on this host (for the watchdog)."""
+    world = device_map(accelerator)
+    clash = shared_devices(world)
     if clash:
         error = UserError(f"{clash}; each rank needs its own device (check CUDA_VISIBLE_DEVICES and the launcher)")
         error.agreed = True
         raise error
+    host = socket.gethostname()
+    return [pid for peer_host, rank, _, pid in world if peer_host == host and rank != accelerator.process_index]
 
 
 def peak_memory_mb(device: torch.device) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import threading
 import time
@@ -86,6 +87,8 @@ class Watchdog:
         self.output_dir = output_dir
         self.rank = rank
         self.heartbeat = heartbeat
+        #: pids of the other ranks on this host, set once the ranks have met
+        self.peers: list[int] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="trainer-watchdog", daemon=True)
 
@@ -122,4 +125,25 @@ class Watchdog:
             file=sys.stderr,
             flush=True,
         )
+        self._kill_frozen_peers()
         os._exit(STALL_EXIT_CODE)
+
+    def _kill_frozen_peers(self) -> None:
+        """SIGKILL the ranks of this host that are frozen (stopped): they cannot obey the
+        launcher's SIGTERM, and torch's launcher waits 30 s before its SIGKILL. Running peers
+        are left to report their own stall and to the launcher."""
+        time.sleep(min(2.0, self.limit_s / 2))  # let running peers write their reports first
+        for pid in self.peers:
+            if _is_frozen_sibling(pid):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def _is_frozen_sibling(pid: int) -> bool:
+    """Whether ``pid`` is a stopped process with the same parent (launcher) as this one."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    state, parent = fields[0], int(fields[1])
+    return state in ("T", "t") and parent == os.getppid()
