@@ -151,15 +151,17 @@ class Run:
         return ", ".join([*names, *stalls, final]) or "nothing"
 
 
-def same_weights(a: Path, b: Path) -> bool:
-    """Whether two final/ directories hold bit-identical weights."""
+def weight_difference(a: Path, b: Path) -> float:
+    """The largest absolute difference between the weights of two final/ directories."""
     from safetensors.torch import load_file
 
+    largest = 0.0
     for role in ("generator", "discriminator"):
         left, right = load_file(a / role / "model.safetensors"), load_file(b / role / "model.safetensors")
-        if left.keys() != right.keys() or not all(left[k].equal(right[k]) for k in left):
-            return False
-    return True
+        if left.keys() != right.keys():
+            return float("inf")
+        largest = max([largest, *((left[k] - right[k]).abs().max().item() for k in left)])
+    return largest
 
 
 def wait(proc: subprocess.Popen, timeout: float = HARD_TIMEOUT) -> tuple[int, str, str]:
@@ -309,6 +311,7 @@ def kill_during_checkpoint(work: Path, processes: int) -> Outcome:
         training={"max_steps": 40, "save_every": 2, "eval_every": 1000, "keep_checkpoints": 5},
     )
     proc = run.start()
+    pids = run.rank_pids()
     root = run.out / "checkpoints"
     start = time.monotonic()
     caught = None
@@ -317,10 +320,15 @@ def kill_during_checkpoint(work: Path, processes: int) -> Outcome:
         complete = sorted(root.glob("step-*")) if root.exists() else []
         if partial and complete:
             caught = partial[0].name
+            # The whole job: the launcher's group and every rank (the launcher starts the
+            # ranks in sessions of their own).
+            for pid in pids.values():
+                os.kill(pid, signal.SIGKILL)
             os.killpg(proc.pid, signal.SIGKILL)
             break
         time.sleep(0.002)
     wait(proc)
+    survivors = [p for p in pids.values() if alive(p)]
     if caught is None:
         return Outcome(
             "SIGKILL job during checkpoint write",
@@ -334,8 +342,14 @@ def kill_during_checkpoint(work: Path, processes: int) -> Outcome:
 
     latest = resolve_resume("latest", run.out)
     resumed, seconds = run.run("--resume", "latest")
-    expected_step = int(latest.name[5:]) if latest else -1
-    ok = latest is not None and resumed.returncode == 0 and f"at step {expected_step}" in resumed.stderr
+    latest_step = int(latest.name[5:]) if latest else -1
+    previous_step = int(caught[len(".partial-step-") :]) - 2  # save_every
+    ok = (
+        not survivors
+        and latest_step == previous_step
+        and resumed.returncode == 0
+        and f"at step {latest_step}" in resumed.stderr
+    )
     return Outcome(
         "SIGKILL job during checkpoint write",
         processes,
@@ -363,12 +377,20 @@ def terminate_one_rank(work: Path, processes: int) -> Outcome:
     stopped_ok = code == 0 and "stopped by a stop signal" in stdout and len(saved) == 1
     on_disk = run.on_disk()
     resumed, _ = run.run("--resume", "latest")
-    same = resumed.returncode == 0 and same_weights(run.out / "final", whole.out / "final")
-    ok = stopped_ok and same
+    difference = weight_difference(run.out / "final", whole.out / "final") if resumed.returncode == 0 else None
+    # With 3 or more ranks, DDP's first iteration after a restart may group the gradient sums
+    # differently from the uninterrupted run (floating-point sums depend on the grouping), so
+    # the resumed weights can differ in the last bits; with 1 or 2 ranks they are identical.
+    exact = difference == 0.0
+    close = difference is not None and difference <= 1e-5
+    ok = stopped_ok and (exact or (processes > 2 and close))
     where = saved[0].name if saved else "no checkpoint"
-    return Outcome(
-        "SIGTERM one rank", processes, ok, f"exit {code} at {where}; resumed bit-identical={same}", seconds, on_disk
-    )
+    if difference is None:
+        resumed_text = "resume failed"
+    else:
+        resumed_text = "bit-identical" if exact else f"max |diff| {difference:.1e}"
+    outcome = f"exit {code} at {where}; resumed vs uninterrupted: {resumed_text}"
+    return Outcome("SIGTERM one rank", processes, ok, outcome, seconds, on_disk)
 
 
 def eval_size(size: int, label: str) -> Callable[[Path, int], Outcome]:

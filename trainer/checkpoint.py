@@ -73,7 +73,8 @@ def read_legacy_state_dict(path: Path) -> dict[str, torch.Tensor]:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        detail = str(exc).strip().splitlines()[-1][:200]
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        detail = next((line for line in lines if "GLOBAL" in line), lines[-1] if lines else "")[:200]
         raise CheckpointError(
             f"{path}: refused: this pickle needs code execution to load ({detail}); "
             "only plain tensors and containers are read"

@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from trainer.errors import UserError
+from trainer.errors import UserError, print_error_line
 
 
 def parser() -> argparse.ArgumentParser:
@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         trainer = Trainer(run, device=args.device, resume=args.resume)
         metrics = trainer.fit()
     except UserError as exc:
-        print(f"error (rank {rank}): {exc}", file=sys.stderr, flush=True)
+        print_error_line(f"error (rank {rank}): {exc}")
         if exc.agreed:
             # Every rank fails here; wait until all have said why before the launcher,
             # seeing the first exit, ends the others.

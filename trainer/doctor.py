@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from trainer.errors import UserError
+from trainer.errors import UserError, print_error_line
 
 
 def parser() -> argparse.ArgumentParser:
@@ -35,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(args)
     except UserError as exc:
-        print(f"error (rank {rank}): {exc}", file=sys.stderr, flush=True)
+        print_error_line(f"error (rank {rank}): {exc}")
         print(f"doctor (rank {rank}): FAILED", flush=True)
         return 1
 

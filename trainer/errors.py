@@ -2,6 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
+
+def print_error_line(line: str) -> None:
+    """Write one line to stderr in a single write, so that lines of several ranks sharing the
+    launcher's stderr do not interleave."""
+    sys.stderr.flush()
+    os.write(sys.stderr.fileno(), (line.replace("\n", " ") + "\n").encode())
+
 
 class UserError(Exception):
     """Bad input from the user (config, data, checkpoint): reported as one line, exit status 2."""

@@ -19,6 +19,8 @@ import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
+from trainer.errors import print_error_line
+
 STALL_EXIT_CODE = 4
 
 
@@ -118,12 +120,10 @@ class Watchdog:
             where = f"stacks in {path}"
         except OSError as exc:
             where = f"could not write {path}: {exc}"
-        print(
+        print_error_line(
             f"error (rank {self.rank}): stalled for {idle:.0f} s (distributed.watchdog_s) in "
             f"{self.heartbeat.phase} at step {self.heartbeat.step}, last collective "
-            f"{self.heartbeat.collective}; {where}",
-            file=sys.stderr,
-            flush=True,
+            f"{self.heartbeat.collective}; {where}"
         )
         self._kill_frozen_peers()
         os._exit(STALL_EXIT_CODE)
