@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
+import sys
 
 import pytest
 from helpers import ROOT
 
-spec = importlib.util.spec_from_file_location("fault_matrix", ROOT / "scripts" / "fault_matrix.py")
-fault_matrix = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(fault_matrix)
+sys.path.insert(0, str(ROOT / "scripts"))
+import fault_matrix  # noqa: E402
 
 
 @pytest.mark.timeout(400)
