@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 
 def print_error_line(line: str) -> None:
     """Write one line to stderr in a single write, so that lines of several ranks sharing the
     launcher's stderr do not interleave."""
+    sys.stderr.write(line.replace("\n", " ") + "\n")  # print() writes the newline separately
     sys.stderr.flush()
-    os.write(sys.stderr.fileno(), (line.replace("\n", " ") + "\n").encode())
 
 
 class UserError(Exception):
