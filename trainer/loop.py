@@ -178,6 +178,8 @@ class Trainer:
         self.accelerator = runtime.build_accelerator(
             self.config, self.device, str(self.output_dir), self.trackers, self.scaler
         )
+        # Started by fit(); the rank is known only now.
+        self.watchdog = Watchdog(self.config.distributed.watchdog_s, self.output_dir, self.accelerator.process_index)
 
     def _setup(self) -> None:
         cfg, t, accelerator = self.config, self.config.training, self.accelerator
@@ -387,11 +389,8 @@ class Trainer:
         After an agreed stop (a signal, ``training.max_time``) :attr:`stopped` names the cause
         and the last checkpoint holds the state to resume from.
         """
-        cfg = self.config
         try:
             self._build_accelerator()
-            rank = self.accelerator.process_index
-            self.watchdog = Watchdog(cfg.distributed.watchdog_s, self.output_dir, rank)
             with self.watchdog, self._stop_signals():
                 with HEARTBEAT.long_work("start-up"):
                     self._setup()
