@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,9 +26,11 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-TESTS = ROOT / "tests"
-TRAIN = ROOT / "scripts" / "train_stage2.py"
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from helpers import env as launch_env  # noqa: E402  (tests/helpers.py: the launch commands)
+from helpers import launch_command  # noqa: E402
+
 HARD_TIMEOUT = 180
 WATCHDOG_S = 5.0
 
@@ -78,32 +79,13 @@ class Run:
             config[section] = {**config.get(section, {}), **values}
         self.config = work / "train.yaml"
         self.config.write_text(yaml.safe_dump(config))
+        self.args = ["--config", str(self.config), "--device", "cpu"]
 
     def command(self, *extra: str) -> list[str]:
-        args = [str(TRAIN), "--config", str(self.config), "--device", "cpu", *extra]
-        if self.processes == 1:
-            return [sys.executable, *args]
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        return [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            "--config_file",
-            str(ROOT / "accelerate_configs" / "8gpu.yaml"),
-            "--num_processes",
-            str(self.processes),
-            "--main_process_port",
-            str(port),
-            *args,
-        ]
+        return launch_command([*self.args, *extra], self.processes)
 
     def env(self) -> dict[str, str]:
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        env["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(ROOT), env.get("PYTHONPATH", "")])
-        env.pop("WORLD_SIZE", None)
-        return env
+        return launch_env()
 
     def start(self, *extra: str) -> subprocess.Popen:
         for old in self.pids.iterdir():
@@ -194,12 +176,18 @@ def error_lines(stderr: str) -> list[str]:
 # -- scenarios -------------------------------------------------------------------------------
 
 
-def kill_one_rank(work: Path, processes: int) -> Outcome:
-    """A rank killed with SIGKILL mid-step: all processes gone, non-zero, <= 15 s."""
+def start_long_run(work: Path, processes: int) -> tuple[Run, subprocess.Popen, dict[int, int]]:
+    """A run that would go on for hours, once every rank is training."""
     run = Run(work, processes, {"step_sleep_s": 0.02}, training={"max_steps": 100000, "save_every": 100000})
     proc = run.start()
     pids = run.rank_pids()
     time.sleep(0.5)
+    return run, proc, pids
+
+
+def kill_one_rank(work: Path, processes: int) -> Outcome:
+    """A rank killed with SIGKILL mid-step: all processes gone, non-zero, <= 15 s."""
+    run, proc, pids = start_long_run(work, processes)
     start = time.monotonic()
     os.kill(pids[processes - 1], signal.SIGKILL)
     code, _, _ = wait(proc)
@@ -213,10 +201,7 @@ def kill_one_rank(work: Path, processes: int) -> Outcome:
 
 def freeze_one_rank(work: Path, processes: int) -> Outcome:
     """A rank frozen with SIGSTOP: a watchdog fires, all gone, <= watchdog_s + 10 s, stack file."""
-    run = Run(work, processes, {"step_sleep_s": 0.02}, training={"max_steps": 100000, "save_every": 100000})
-    proc = run.start()
-    pids = run.rank_pids()
-    time.sleep(0.5)
+    run, proc, pids = start_long_run(work, processes)
     start = time.monotonic()
     os.kill(pids[processes - 1], signal.SIGSTOP)
     if processes == 1:
