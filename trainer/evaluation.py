@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import broadcast_object_list
 from torch import nn
 
+from trainer import runtime
 from trainer.tasks.base import Task
 from trainer.watchdog import HEARTBEAT
 
@@ -72,7 +72,4 @@ def evaluate(
     outputs = concatenate(chunks, task.eval_pad_value)
     metrics: dict[str, Any] = dict(task.eval_metrics(outputs))
     metrics["num_samples"] = len(next(iter(outputs.values())))
-    shared = [metrics]
-    HEARTBEAT.collective_entered("broadcast of the eval metrics")
-    broadcast_object_list(shared, from_process=0)
-    return shared[0], outputs
+    return runtime.from_main_process(accelerator, metrics, "the eval metrics"), outputs

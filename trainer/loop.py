@@ -248,7 +248,12 @@ class Trainer:
         self.noise.manual_seed(noise_seed(t.seed, accelerator.process_index))
         resumed_from = None
         if self.resume:
-            path = checkpoint.resolve_resume(self.resume, self.output_dir)
+            # Which checkpoint (or none) changes what every rank does next: rank 0's choice
+            # is taken by all, and a rank that cannot read it fails them all.
+            path = runtime.agreed(
+                accelerator, "finding the checkpoint", lambda: checkpoint.resolve_resume(self.resume, self.output_dir)
+            )
+            path = runtime.from_main_process(accelerator, path, "the checkpoint to resume from")
             if path is None:
                 logger.info(f"--resume {self.resume}: no checkpoint in {self.output_dir}; starting fresh")
             else:

@@ -17,7 +17,7 @@ import torch
 from accelerate import Accelerator, DataLoaderConfiguration, InitProcessGroupKwargs
 from accelerate.logging import get_logger
 from accelerate.state import AcceleratorState, GradientState
-from accelerate.utils import GradientAccumulationPlugin, gather_object
+from accelerate.utils import GradientAccumulationPlugin, broadcast_object_list, gather_object
 
 from trainer.config import Config
 from trainer.errors import ConfigError, UserError
@@ -178,6 +178,16 @@ def ranks_with(accelerator: Accelerator, flag: bool, purpose: str) -> list[int]:
         flags = accelerator.gather(flags)
     gathered = flags
     return [rank for rank, value in enumerate(gathered.tolist()) if value > 0]
+
+
+def from_main_process(accelerator: Accelerator, value: T, purpose: str) -> T:
+    """Rank 0's ``value`` on every rank (one broadcast of a small object)."""
+    if accelerator.num_processes == 1:
+        return value
+    HEARTBEAT.collective_entered(f"broadcast ({purpose})")
+    shared = [value]
+    broadcast_object_list(shared, from_process=0)
+    return shared[0]
 
 
 def agreed(accelerator: Accelerator, what: str, action: Callable[[], T]) -> T:
