@@ -15,8 +15,10 @@ from trainer.runtime import release_accelerator
 
 def step_two_generator(tmp_path, inject: bool):
     """Run step 1, then step 2 with D's step either overflowing (inject) or a no-op (lr 0);
-    returns G's weights after step 2 and the facts of D's step."""
-    config = write_run(tmp_path, {"task": "fixture_tasks:Overflow", "training": {"gradient_accumulation_steps": 2}})
+    returns G's weights after step 2 and the facts of D's step. With nonfinite=error, an
+    overflow under the GradScaler is still routine: skipped, not an error."""
+    training = {"gradient_accumulation_steps": 2, "nonfinite": "error"}
+    config = write_run(tmp_path, {"task": "fixture_tasks:Overflow", "training": training})
     trainer = Trainer(load_config(config), device="cpu", scaler=torch.amp.GradScaler("cpu", init_scale=2.0**16))
     try:
         trainer._build_accelerator()
