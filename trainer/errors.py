@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import sys
 
+from tqdm import tqdm
+
 
 def print_error_line(line: str) -> None:
     """Write one line to stderr in a single write, so that lines of several ranks sharing the
-    launcher's stderr do not interleave."""
-    sys.stderr.write(line.replace("\n", " ") + "\n")  # print() writes the newline separately
-    sys.stderr.flush()
+    launcher's stderr do not interleave, on a line of its own even under a progress bar."""
+    # nolock: the watchdog thread calls this while the main thread may hold tqdm's lock.
+    with tqdm.external_write_mode(file=sys.stderr, nolock=True):
+        sys.stderr.write(line.replace("\n", " ") + "\n")  # print() writes the newline separately
+        sys.stderr.flush()
 
 
 class UserError(Exception):

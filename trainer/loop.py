@@ -24,6 +24,7 @@ from accelerate.logging import get_logger
 from accelerate.utils import DistributedType, set_seed
 from torch import nn
 from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 from transformers import get_scheduler
 
 from trainer import checkpoint, runtime
@@ -425,14 +426,36 @@ class Trainer:
                 signal.signal(signum, handler)
 
     def _train(self) -> dict[str, Any]:
+        acc = self.accelerator
+        # disable=None: a bar on a terminal or in a notebook, none in a log file or pipe, where
+        # the train lines of training.log_every show progress instead of carriage returns.
+        bar = tqdm(
+            total=self.config.training.max_steps,
+            initial=self.state.step,
+            disable=None if acc.is_main_process else True,
+            desc="stage 2",
+            dynamic_ncols=True,
+        )
+        self.progress_lines = bar.disable
+        with logging_redirect_tqdm() if not bar.disable else contextlib.nullcontext():
+            last_eval = self._train_steps(bar)
+        bar.close()
+        if not self.stopped:
+            self._export("final")
+        HEARTBEAT.collective_entered("barrier at the end")
+        acc.wait_for_everyone()
+        if acc.is_main_process and acc.trackers:
+            for tracker in acc.trackers:
+                tracker.finish()
+        return last_eval
+
+    def _train_steps(self, bar: tqdm) -> dict[str, Any]:
+        """Steps until ``training.max_steps`` or an agreed stop; the last eval's metrics."""
         acc, t, state = self.accelerator, self.config.training, self.state
         started = time.monotonic()
         window_start, window_step = started, state.step
         first_step = state.step + 1
         last_eval: dict[str, Any] = {}
-        bar = tqdm(
-            total=t.max_steps, initial=state.step, disable=not acc.is_main_process, desc="stage 2", dynamic_ncols=True
-        )
         while state.step < t.max_steps:
             # The first step may build caches, kernels and communicators: it gets a longer bound.
             first = state.step + 1 == first_step
@@ -465,14 +488,6 @@ class Trainer:
             if state.step % t.save_every == 0 or state.step == t.max_steps:
                 self._save()
             window_start += time.monotonic() - paused  # throughput counts training time only
-        bar.close()
-        if not self.stopped:
-            self._export("final")
-        HEARTBEAT.collective_entered("barrier at the end")
-        acc.wait_for_everyone()
-        if acc.is_main_process and acc.trackers:
-            for tracker in acc.trackers:
-                tracker.finish()
         return last_eval
 
     # -- log, eval, save ---------------------------------------------------------------------
@@ -510,6 +525,10 @@ class Trainer:
             peak_memory_mb=runtime.peak_memory_mb(acc.device),
         )
         self.metrics.write("train", self.state.step, values)
+        if self.progress_lines:  # no progress bar: one line per log step instead
+            losses = " ".join(f"{name} {value:.4g}" for name, value in zip(names, means.tolist(), strict=True))
+            rate = f", {values['steps_per_s']:.2f} steps/s" if values["steps_per_s"] else ""
+            logger.info(f"step {self.state.step}/{t.max_steps}: {losses}{rate}")
 
     def _evaluate(self) -> dict[str, Any]:
         acc, t, state = self.accelerator, self.config.training, self.state
