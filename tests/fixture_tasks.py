@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from trainer.tasks.gaussian_mixture import GaussianMixtureOptions, GaussianMixtureTask
+from trainer.tasks.oracle_text import OracleTextTask
 
 FIXED_LATENTS = torch.randn(64, 2, generator=torch.Generator().manual_seed(99))
 
@@ -138,3 +139,24 @@ class Faults(GaussianMixtureTask):
         metrics["checksum_spread"] = float(outputs["checksum"].max() - outputs["checksum"].min())
         metrics["checksum_finite"] = bool(torch.isfinite(outputs["checksum"]).all())
         return metrics
+
+
+class RankLengthOracle(OracleTextTask):
+    """oracle_text whose generated eval sequences are shorter on rank r by r tokens, so that a
+    test can see sequences of different lengths gathered across ranks with an exact count."""
+
+    def eval_outputs(self, generator, discriminator, batch):
+        outputs = super().eval_outputs(generator, discriminator, batch)
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        outputs["generated"] = outputs["generated"][:, : outputs["generated"].shape[1] - rank]
+        return outputs
+
+    def eval_metrics(self, outputs):
+        generated = outputs["generated"]
+        lengths = (generated >= 0).sum(1)
+        return {
+            **super().eval_metrics(outputs),
+            "generated_rows": len(generated),
+            "generated_width": generated.shape[1],
+            "shortest": int(lengths.min()),
+        }

@@ -1,4 +1,4 @@
-"""Command line of stage 2: the same flags under python, torchrun and accelerate launch."""
+"""Command lines of stage 1 and stage 2: the same flags under python, torchrun and accelerate launch."""
 
 from __future__ import annotations
 
@@ -8,16 +8,24 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from trainer.errors import UserError, print_error_line
 
+#: the default of --config: the oracle_text recipe (its paths are relative to the project root)
+STAGE_CONFIGS = {
+    1: Path("configs/training/stage1.yaml"),
+    2: Path("configs/training/stage2.yaml"),
+}
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="train_stage2",
-        description="Stage-2 adversarial training of a generator against a discriminator.",
-    )
-    p.add_argument("--config", required=True, help="training config (YAML)")
+
+def parser(stage: int = 2) -> argparse.ArgumentParser:
+    description = {
+        1: "Stage 1: pre-train the generator by maximum likelihood, then the discriminator against it.",
+        2: "Stage 2: adversarial training of a generator against a discriminator.",
+    }[stage]
+    p = argparse.ArgumentParser(prog=f"train_stage{stage}", description=description)
+    p.add_argument("--config", default=str(STAGE_CONFIGS[stage]), help="training config (YAML; default: %(default)s)")
     p.add_argument("--generator-config", help="generator model config (default: model.generator_config)")
     p.add_argument("--discriminator-config", help="discriminator model config (default: model.discriminator_config)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -34,41 +42,66 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run stage 2; returns the exit status (0, or 2 for bad input with one line on stderr)."""
-    args = parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, stage: int = 2) -> int:
+    """Run stage 2 (or stage 1); returns the exit status (0, or non-zero with one line on stderr)."""
+    args = parser(stage).parse_args(argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     rank = os.environ.get("RANK", "0")
     try:
         # Imported here so that --help and config errors stay fast and touch no device.
-        from trainer.config import load_config
-        from trainer.loop import Trainer
+        from trainer.stages import StageResult, fit_stage1
 
-        run = load_config(
-            args.config,
-            args.overrides,
-            generator_config=args.generator_config,
-            discriminator_config=args.discriminator_config,
-            output_dir=args.output_dir,
-        )
-        trainer = Trainer(run, device=args.device, resume=args.resume)
-        metrics = trainer.fit()
-    except UserError as exc:
-        print_error_line(f"error (rank {rank}): {exc}")
-        if exc.agreed:
-            # Every rank fails here; wait until all have said why before the launcher,
-            # seeing the first exit, ends the others.
-            import torch.distributed as dist
-
-            if dist.is_initialized():
-                dist.barrier()
-        return exc.exit_code
-    if rank == "0":
-        if trainer.stopped:
-            print(f"stopped by {trainer.stopped} after saving a checkpoint; continue with --resume latest")
+        if stage == 1:
+            result = fit_stage1(
+                args.config,
+                args.overrides,
+                args.generator_config,
+                args.discriminator_config,
+                args.output_dir,
+                args.device,
+                args.resume,
+            )
         else:
-            print(json.dumps({"final_eval": metrics}))
+            from trainer.config import load_config
+            from trainer.loop import Trainer
+
+            run = load_config(
+                args.config,
+                args.overrides,
+                generator_config=args.generator_config,
+                discriminator_config=args.discriminator_config,
+                output_dir=args.output_dir,
+            )
+            trainer = Trainer(run, device=args.device, resume=args.resume)
+            result = StageResult({"final_eval": trainer.fit()}, trainer.stopped)
+    except UserError as exc:
+        return report(exc, rank)
+    if rank == "0":
+        if result.stopped:
+            print(f"stopped by {result.stopped} after saving a checkpoint; continue with --resume latest")
+        elif stage == 2:
+            print(json.dumps(result.metrics))
+        else:
+            print(json.dumps({"final_eval": result.metrics}))
     return 0
+
+
+def report(exc: UserError, rank: str) -> int:
+    """Print the one error line of ``exc``; returns its exit status."""
+    print_error_line(f"error (rank {rank}): {exc}")
+    if exc.agreed:
+        # Every rank fails here; wait until all have said why before the launcher,
+        # seeing the first exit, ends the others.
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.barrier()
+    return exc.exit_code
+
+
+def main_stage1(argv: Sequence[str] | None = None) -> int:
+    """Run stage 1 (see :mod:`trainer.stages`)."""
+    return main(argv, stage=1)
 
 
 if __name__ == "__main__":

@@ -79,11 +79,16 @@ class TrainingSection:
     #: tracker project (tensorboard writes under OUTPUT/<project_name>)
     project_name: str = "tensorboard"
     num_workers: int = 0
+    #: what a step trains: both models against each other (stage 2), or one model alone in
+    #: stage 1: the generator by maximum likelihood ("mle"), the discriminator ("discriminator")
+    objective: Literal["adversarial", "mle", "discriminator"] = "adversarial"
 
 
 @dataclass
 class EvalSection:
     batch_size: int = 256
+    #: text recipes: generate from each eval sequence's first tokens (0: unconditional)
+    prefix_len: int = 0
 
 
 @dataclass
@@ -92,6 +97,10 @@ class DataSection:
     eval_size: int = 2000
     #: a local data file; empty means generated data
     path: str = ""
+    #: oracle_text: the oracle LSTM (safetensors); empty means a seeded random oracle
+    oracle_path: str = ""
+    #: where generated datasets are cached; empty means $XDG_CACHE_HOME/trainer or ~/.cache/trainer
+    cache_dir: str = ""
 
 
 @dataclass
@@ -113,6 +122,15 @@ class DistributedSection:
 
 
 @dataclass
+class Stage1Section:
+    """scripts/train_stage1.py: overrides (dotted keys, as with --set) for its two parts, the
+    generator by maximum likelihood, then the discriminator against the stage-1 generator."""
+
+    generator: dict[str, Any] = field(default_factory=dict)
+    discriminator: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class Config:
     """The whole training config (one YAML file)."""
 
@@ -125,6 +143,7 @@ class Config:
     data: DataSection = field(default_factory=DataSection)
     init: InitSection = field(default_factory=InitSection)
     distributed: DistributedSection = field(default_factory=DistributedSection)
+    stage1: Stage1Section = field(default_factory=Stage1Section)
     #: options of the task (recipe); the task checks them against its own schema
     task_options: dict[str, Any] = field(default_factory=dict)
 
@@ -169,6 +188,18 @@ def check_override_key(key: str) -> None:
         walked.append(part)
 
 
+def dotted(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``mapping`` with nested mappings flattened into dotted keys (``{"a": {"b": 1}}`` ->
+    ``{"a.b": 1}``); later keys win, so an override set with ``--set`` beats the file's."""
+    flat: dict[str, Any] = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict) and value:
+            flat.update(dotted(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> None:
     """Set each dotted key of ``overrides`` in the raw mapping ``data`` (checked against Config)."""
     for key, value in overrides.items():
@@ -211,6 +242,13 @@ def validate(cfg: Config, source: str) -> None:
     _require(cfg.eval.batch_size >= 1, source, "eval.batch_size", "must be at least 1")
     _require(cfg.data.train_size >= 1, source, "data.train_size", "must be at least 1")
     _require(cfg.data.eval_size >= 1, source, "data.eval_size", "must be at least 1")
+    _require(cfg.eval.prefix_len >= 0, source, "eval.prefix_len", "must be 0 or more")
+    for part, overrides in (("generator", cfg.stage1.generator), ("discriminator", cfg.stage1.discriminator)):
+        for key in dotted(overrides):
+            try:
+                check_override_key(key)
+            except ConfigError as exc:
+                raise ConfigError(f"{source}: key 'stage1.{part}.{key}': {str(exc).split(': ', 1)[1]}") from None
     for role in ("generator", "discriminator"):
         opt: OptimizerSection = getattr(cfg.optim, role)
         key = f"optim.{role}"
@@ -226,7 +264,18 @@ def validate(cfg: Config, source: str) -> None:
         _require(opt.max_grad_norm >= 0, source, f"{key}.max_grad_norm", "must be 0 (off) or more")
         _check_scheduler(opt.scheduler, source, f"{key}.scheduler")
         path = getattr(cfg.init, role)
-        _require(not path or Path(path).exists(), source, f"init.{role}", f"names {path!r}, which does not exist")
+        _require(
+            not path or Path(path).exists(),
+            source,
+            f"init.{role}",
+            f"names {path!r}, which does not exist (stage-1 weights: run scripts/train_stage1.py first)",
+        )
+    _require(
+        not cfg.data.oracle_path or Path(cfg.data.oracle_path).is_file(),
+        source,
+        "data.oracle_path",
+        f"names {cfg.data.oracle_path!r}, which is not a file",
+    )
     _require(
         not cfg.data.path or Path(cfg.data.path).is_file(),
         source,

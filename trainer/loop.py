@@ -197,7 +197,8 @@ class Trainer:
             discriminator = self._load_model("discriminator", self.task.build_discriminator)
             return generator, discriminator, self.task.train_dataset(), self.task.eval_dataset()
 
-        generator, discriminator, train_set, eval_set = runtime.agreed(
+        # The main process first: a task may build a data cache that the other ranks then read.
+        generator, discriminator, train_set, eval_set = runtime.main_process_first(
             accelerator, "reading the models and data", read_inputs
         )
         opt_g = build_optimizer(cfg.optim.generator, generator)
@@ -380,7 +381,10 @@ class Trainer:
                 HEARTBEAT.beat("generator phase", self.state.step)
                 batch = self.stream.next() if task.generator_needs_data else None
                 with acc.accumulate(phase.model):
-                    loss, parts = task.generator_loss(phase.model, bare_d, size, self.noise, batch)
+                    if self.config.training.objective == "mle":
+                        loss, parts = task.mle_loss(phase.model, batch)
+                    else:
+                        loss, parts = task.generator_loss(phase.model, bare_d, size, self.noise, batch)
                     self._backward(loss, phase)
                 phase.record(loss, parts)
         self._finish_phase(phase)
@@ -460,9 +464,12 @@ class Trainer:
             # The first step may build caches, kernels and communicators: it gets a longer bound.
             first = state.step + 1 == first_step
             with HEARTBEAT.long_work("first step") if first else contextlib.nullcontext():
-                for _ in range(t.d_steps_per_g_step):
-                    self.discriminator_phase()
-                self.generator_phase()
+                # Stage 1 trains one model alone (see training.objective); stage 2 both.
+                if t.objective != "mle":
+                    for _ in range(t.d_steps_per_g_step):
+                        self.discriminator_phase()
+                if t.objective != "discriminator":
+                    self.generator_phase()
             state.step += 1
             HEARTBEAT.beat("end of step (agreement, log, eval, save)", state.step)
             state.epoch, state.position = self.stream.epoch, self.stream.position
@@ -499,6 +506,8 @@ class Trainer:
         acc, t = self.accelerator, self.config.training
         names, sums = [], []
         for phase in (self.d, self.g):
+            if not phase.count:  # not trained by this objective
+                continue
             names.append(f"{phase.name}_loss")
             sums.append(phase.loss_sum / phase.count)
             for key, value in phase.parts_sum.items():
@@ -510,7 +519,10 @@ class Trainer:
             HEARTBEAT.collective_entered("all_reduce (train losses for the log)")
             means = acc.reduce(means, reduction="mean")
         values: dict[str, Any] = dict(zip(names, means.tolist(), strict=True))
-        samples = steps * t.d_steps_per_g_step * t.gradient_accumulation_steps * t.batch_size * acc.num_processes
+        # real samples drawn per step: by each D phase, and by the G phase when it takes data
+        d_phases = 0 if t.objective == "mle" else t.d_steps_per_g_step
+        g_data = t.objective != "discriminator" and self.task.generator_needs_data
+        samples = steps * (d_phases + g_data) * t.gradient_accumulation_steps * t.batch_size * acc.num_processes
         values.update(
             lr_d=self.d.scheduler.get_last_lr()[0],
             lr_g=self.g.scheduler.get_last_lr()[0],

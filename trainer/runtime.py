@@ -209,3 +209,13 @@ def agreed(accelerator: Accelerator, what: str, action: Callable[[], T]) -> T:
         error.agreed = True
         raise error
     return result
+
+
+def main_process_first(accelerator: Accelerator, what: str, action: Callable[[], T]) -> T:
+    """:func:`agreed`, run by the main process before the others: what it writes (a cache), the
+    others then read. A failure on any rank, in either turn, fails every rank."""
+    first = agreed(accelerator, f"{what} (main process)", action if accelerator.is_main_process else lambda: None)
+    if accelerator.num_processes == 1:
+        return first
+    others = agreed(accelerator, what, (lambda: None) if accelerator.is_main_process else action)
+    return first if accelerator.is_main_process else others

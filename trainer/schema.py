@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
@@ -20,6 +21,9 @@ import yaml
 from trainer.errors import ConfigError
 
 T = TypeVar("T")
+
+#: numbers in exponent notation without a dot (1e-4), which yaml.safe_load leaves as strings
+FLOAT_WITHOUT_DOT = re.compile(r"[-+]?[0-9]+[eE][-+]?[0-9]+")
 
 
 def read_yaml(path: str | Path, what: str = "config") -> dict[str, Any]:
@@ -113,6 +117,8 @@ def _convert(value: Any, tp: Any, source: str, key: str) -> Any:
             raise bad()
         return value
     if tp is float:
+        if isinstance(value, str) and FLOAT_WITHOUT_DOT.fullmatch(value.strip()):
+            return float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad()
         return float(value)

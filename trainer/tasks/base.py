@@ -16,6 +16,7 @@ from torch import nn
 
 from trainer import losses
 from trainer.config import RunConfig
+from trainer.errors import ConfigError
 from trainer.schema import from_mapping
 
 
@@ -153,6 +154,13 @@ class Task:
         scores = self.score(discriminator, fake).float()
         return losses.generator_loss(self.config.training.loss, scores), {}
 
+    def mle_loss(self, generator: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Stage 1 (``training.objective: mle``): the generator's loss on a batch of real data."""
+        raise ConfigError(
+            f"{self.run.source}: key 'training.objective' is 'mle', but task {self.config.task!r} "
+            "defines no maximum-likelihood loss (Task.mle_loss)"
+        )
+
     # -- eval ------------------------------------------------------------------------------
     def eval_outputs(self, generator: nn.Module, discriminator: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
         """Per-sample eval outputs of one batch (first dimension = samples), to be gathered.
@@ -176,3 +184,25 @@ class Task:
     def load_pretrained(self, role: str, path: Path) -> nn.Module | None:
         """A model built from a ``save_pretrained`` directory, or None to load a state dict."""
         return None
+
+
+class TensorRows(torch.utils.data.Dataset):
+    """Rows of one or more tensors; a batch of indices is one indexing operation.
+
+    ``__getitems__`` lets the DataLoader fetch a whole batch at once instead of collating
+    rows one by one, which matters for a model this small.
+    """
+
+    def __init__(self, **columns: torch.Tensor) -> None:
+        self.columns = columns
+        self.length = len(next(iter(columns.values())))
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {name: col[index] for name, col in self.columns.items()}
+
+    def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        index = torch.as_tensor(indices)
+        return {name: col[index] for name, col in self.columns.items()}

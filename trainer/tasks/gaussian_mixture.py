@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from trainer.errors import ConfigError, DataError
-from trainer.tasks.base import Task
+from trainer.tasks.base import Task, TensorRows
 
 
 @dataclass
@@ -62,28 +62,6 @@ def sample_mixture(mixture: str, num: int, seed: int) -> torch.Tensor:
     rng = torch.Generator().manual_seed(seed)
     which = torch.randint(len(centres), (num,), generator=rng)
     return centres[which] + std * torch.randn(num, 2, generator=rng)
-
-
-class TensorRows(torch.utils.data.Dataset):
-    """Rows of one or more tensors; a batch of indices is one indexing operation.
-
-    ``__getitems__`` lets the DataLoader fetch a whole batch at once instead of collating
-    rows one by one, which matters for a model this small.
-    """
-
-    def __init__(self, **columns: torch.Tensor) -> None:
-        self.columns = columns
-        self.length = len(next(iter(columns.values())))
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {name: col[index] for name, col in self.columns.items()}
-
-    def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
-        index = torch.as_tensor(indices)
-        return {name: col[index] for name, col in self.columns.items()}
 
 
 def read_points(path: str) -> torch.Tensor:

@@ -1,0 +1,197 @@
+"""The oracle_text recipe: the oracle, stage 1 -> stage 2 end to end, eval gathering, resume."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from helpers import ROOT, check, deep_merge, launch, records
+from safetensors.torch import load_file
+
+from trainer.cli import main
+from trainer.tasks.oracle import OracleLSTM
+
+REFERENCE_ORACLE = ROOT.parent / "shared" / "data" / "seqgan_oracle.safetensors"
+STAGE1 = ROOT / "scripts" / "train_stage1.py"
+STAGE2 = ROOT / "scripts" / "train_stage2.py"
+VOCAB, LENGTH, EVAL_SIZE = 50, 8, 37
+
+TINY_MODEL = {
+    "model_type": "gpt2",
+    "vocab_size": VOCAB + 1,
+    "n_positions": 16,
+    "n_embd": 16,
+    "n_layer": 1,
+    "n_head": 2,
+    "resid_pdrop": 0.0,
+    "embd_pdrop": 0.0,
+    "attn_pdrop": 0.0,
+}
+
+
+def write_oracle_run(tmp: Path, config: dict[str, Any] | None = None, name: str = "train.yaml") -> Path:
+    """A tiny oracle_text run: vocabulary 50, length 8, one-layer GPT-2 models."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "generator.yaml").write_text(yaml.safe_dump(TINY_MODEL))
+    (tmp / "discriminator.yaml").write_text(yaml.safe_dump(TINY_MODEL))
+    base: dict[str, Any] = {
+        "task": "oracle_text",
+        "output_dir": str(tmp / "out"),
+        "model": {
+            "generator_config": str(tmp / "generator.yaml"),
+            "discriminator_config": str(tmp / "discriminator.yaml"),
+        },
+        "task_options": {
+            "vocab_size": VOCAB,
+            "seq_len": LENGTH,
+            "oracle_embed_dim": 8,
+            "oracle_hidden_dim": 8,
+            "mle_weight": 0.5,
+        },
+        "training": {
+            "max_steps": 4,
+            "batch_size": 8,
+            "eval_every": 2,
+            "save_every": 2,
+            "log_every": 1,
+            "seed": 5,
+            "mixed_precision": "no",
+            "log_with": ["none"],
+        },
+        "optim": {"generator": {"lr": 1e-3}, "discriminator": {"lr": 1e-3}},
+        "eval": {"batch_size": 8, "prefix_len": 2},
+        "data": {"train_size": 128, "eval_size": EVAL_SIZE, "cache_dir": str(tmp / "cache")},
+        "stage1": {
+            "generator": {"training.best_metric": "nll_test"},
+            "discriminator": {"training.best_metric": "d_accuracy", "training.best_mode": "max"},
+        },
+    }
+    path = tmp / name
+    path.write_text(yaml.safe_dump(deep_merge(base, config or {})))
+    return path
+
+
+@pytest.mark.timeout(120)
+def test_oracle_scores_its_own_samples_near_its_entropy():
+    oracle = OracleLSTM.seeded(0)
+    samples = oracle.sample(500, 20, torch.Generator().manual_seed(1))
+    nll = float(-oracle.token_log_probs(samples).double().mean())
+    entropy = oracle.mean_entropy(samples)
+    uniform = math.log(5000)
+    assert abs(nll - entropy) < 0.15, (nll, entropy)
+    assert nll < uniform - 2, (nll, uniform)  # a uniform model scores log(5000) = 8.52
+    random_tokens = torch.randint(0, 5000, (200, 20), generator=torch.Generator().manual_seed(2))
+    assert float(-oracle.token_log_probs(random_tokens).mean()) > uniform - 1
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not REFERENCE_ORACLE.is_file(), reason="the SeqGAN oracle file is not present")
+def test_reference_oracle_scores_its_samples_at_5_75():
+    oracle = OracleLSTM.from_file(REFERENCE_ORACLE)
+    samples = oracle.sample(2000, 20, torch.Generator().manual_seed(0))
+    nll = float(-oracle.token_log_probs(samples).double().mean())
+    assert abs(nll - 5.75) < 0.05, nll
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("processes", [1, 2])
+def test_stage1_then_stage2(tmp_path, processes):
+    stage1 = write_oracle_run(tmp_path, {"output_dir": str(tmp_path / "stage1")}, "stage1.yaml")
+    check(launch(["--config", str(stage1), "--device", "cpu"], processes, script=STAGE1, timeout=300))
+    for role in ("generator", "discriminator"):
+        assert (tmp_path / "stage1" / "best" / role / "config.json").is_file()
+    mle = records(tmp_path / "stage1" / "generator_mle", "train")
+    assert mle and all("g_loss" in r and "d_loss" not in r for r in mle)
+    d_only = records(tmp_path / "stage1", "train")
+    assert d_only and all("d_loss" in r and "g_loss" not in r for r in d_only)
+
+    init = {role: str(tmp_path / "stage1" / "best" / role) for role in ("generator", "discriminator")}
+    stage2 = write_oracle_run(tmp_path, {"output_dir": str(tmp_path / "stage2"), "init": init}, "stage2.yaml")
+    check(launch(["--config", str(stage2), "--device", "cpu"], processes, script=STAGE2, timeout=300))
+    evals = records(tmp_path / "stage2", "eval")
+    assert [r["step"] for r in evals] == [2, 4]
+    for record in evals:
+        assert record["world_size"] == processes
+        assert record["num_samples"] == EVAL_SIZE
+        assert 0 < record["nll_oracle"] < 3 * math.log(VOCAB)
+        assert 0 < record["nll_test"] < 3 * math.log(VOCAB)
+        assert 0 <= record["d_accuracy"] <= 1
+    train = records(tmp_path / "stage2", "train")
+    assert all({"reward", "policy_loss", "nll_real"} <= set(r) for r in train)
+
+
+@pytest.mark.timeout(300)
+def test_generated_sequences_of_different_lengths_are_gathered_exactly(tmp_path):
+    config = write_oracle_run(tmp_path, {"task": "fixture_tasks:RankLengthOracle", "training": {"max_steps": 2}})
+    check(launch(["--config", str(config), "--device", "cpu"], 2, timeout=200))
+    for record in records(tmp_path / "out", "eval"):
+        assert record["world_size"] == 2
+        assert record["num_samples"] == record["generated_rows"] == EVAL_SIZE
+        prefix_len = 2
+        assert record["generated_width"] == LENGTH - prefix_len  # rank 0's full length
+        assert record["shortest"] == LENGTH - prefix_len - 1  # rank 1's, padded
+
+
+@pytest.mark.timeout(300)
+def test_saved_generator_loads_with_the_same_logits_and_resume_is_exact(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from trainer.config import load_config
+    from trainer.loop import Trainer
+
+    config = write_oracle_run(tmp_path, {"training": {"max_steps": 4, "save_every": 2, "best_metric": "nll_oracle"}})
+    trainer = Trainer(load_config(config), device="cpu")
+    trainer.fit()
+    out = tmp_path / "out"
+    loaded = AutoModelForCausalLM.from_pretrained(out / "final" / "generator").eval()
+    trained = trainer.g.bare.eval()
+    tokens = torch.randint(0, VOCAB + 1, (3, LENGTH))
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=tokens).logits, trained(input_ids=tokens).logits)
+    assert (out / "best" / "generator" / "config.json").is_file()
+
+    first = {r: load_file(out / "final" / r / "model.safetensors") for r in ("generator", "discriminator")}
+    (out / "metrics.jsonl").unlink()
+    resumed = Trainer(load_config(config), device="cpu", resume=str(out / "checkpoints" / "step-0000002"))
+    resumed.fit()
+    for role, tensors in first.items():
+        again = load_file(out / "final" / role / "model.safetensors")
+        assert again.keys() == tensors.keys()
+        for key in tensors:
+            assert torch.equal(again[key], tensors[key]), f"{role}.{key} differs after resume"
+
+
+@pytest.mark.timeout(120)
+def test_the_data_cache_is_written_once_and_read_back(tmp_path):
+    from trainer.config import load_config
+    from trainer.tasks import load_task
+
+    config = write_oracle_run(tmp_path)
+    first = load_task(load_config(config)).train_dataset().columns["input_ids"]
+    entries = sorted(p.name for p in (tmp_path / "cache").iterdir())
+    assert len(entries) == 1 and not entries[0].startswith(".partial")
+    again = load_task(load_config(config)).train_dataset().columns["input_ids"]
+    assert torch.equal(first, again)
+    assert first.shape == (128, LENGTH) and int(first.max()) < VOCAB
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ({"vocab_size": 40}, "key 'vocab_size' is 40; it must be task_options.vocab_size + 1 = 51"),
+        ({"n_embed": 16}, "unknown key 'n_embed' for a gpt2 config; did you mean 'n_embd'?"),
+        ({"model_type": "gtp2"}, "key 'model_type' is 'gtp2', not a transformers model type (e.g. gpt2); did you mean"),
+    ],
+)
+def test_bad_model_configs_name_file_and_key(tmp_path, capsys, model, message):
+    config = write_oracle_run(tmp_path)
+    (tmp_path / "generator.yaml").write_text(yaml.safe_dump({**TINY_MODEL, **model}))
+    assert main(["--config", str(config), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert str(tmp_path / "generator.yaml") in err[0] and message in err[0], err[0]

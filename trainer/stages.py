@@ -1,0 +1,134 @@
+"""Stage 1 (pre-training each model alone) and the stage 1 -> stage 2 pipeline.
+
+Stage 1 is two ordinary runs of the trainer with ``training.objective`` set:
+
+- ``OUT/generator_mle/``: the generator by maximum likelihood (best/ by the config's
+  ``stage1.generator`` overrides, e.g. ``training.best_metric: nll_test``);
+- ``OUT/``: the discriminator, trained against that generator (frozen, loaded from
+  ``generator_mle/best/generator``), so that ``OUT/best/generator`` and
+  ``OUT/best/discriminator`` are the stage-1 pair that stage 2 takes in ``init.*``.
+
+Every rank runs the same sequence of runs; each run ends with a barrier after its final/
+export, so the next run's ``init.*`` paths exist on every rank when it starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainer.config import dotted, load_config, parse_override
+from trainer.loop import Trainer
+
+
+@dataclass
+class StageResult:
+    """What a run of several trainer runs produced."""
+
+    #: final eval metrics of each run, by name
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: the cause of an agreed stop (then later runs did not start), else None
+    stopped: str | None = None
+
+
+def _overrides(items: list[str] | dict[str, Any] | None) -> dict[str, Any]:
+    if isinstance(items, dict):
+        return dict(items)
+    return dict(parse_override(item) for item in items or [])
+
+
+def _weights(run_dir: Path, role: str) -> Path:
+    """``best/<role>`` of a finished run, or ``final/<role>`` when it tracked no best."""
+    best = run_dir / "best" / role
+    return best if best.is_dir() else run_dir / "final" / role
+
+
+def fit_stage1(
+    config: str | Path,
+    overrides: list[str] | dict[str, Any] | None = None,
+    generator_config: str | None = None,
+    discriminator_config: str | None = None,
+    output_dir: str | Path | None = None,
+    device: str = "auto",
+    resume: str | None = None,
+) -> StageResult:
+    """Pre-train the generator (maximum likelihood), then the discriminator against it."""
+    result = StageResult()
+    common = _overrides(overrides)
+    base = load_config(config, common, generator_config, discriminator_config, output_dir)
+    out = Path(base.config.output_dir)
+    # The discriminator's run starts from the generator's best weights, known once it has run.
+    parts = {
+        "stage 1 generator": (
+            lambda: {**dotted(base.config.stage1.generator), "training.objective": "mle"},
+            out / "generator_mle",
+        ),
+        "stage 1 discriminator": (
+            lambda: {
+                **dotted(base.config.stage1.discriminator),
+                "training.objective": "discriminator",
+                "init.generator": str(_weights(out / "generator_mle", "generator")),
+            },
+            out,
+        ),
+    }
+    for name, (stage_overrides, run_dir) in parts.items():
+        run = load_config(config, {**common, **stage_overrides()}, generator_config, discriminator_config, run_dir)
+        trainer = Trainer(run, device=device, resume=resume)
+        result.metrics[name] = trainer.fit()
+        if trainer.stopped:
+            result.stopped = trainer.stopped
+            break
+    return result
+
+
+def fit_pipeline(
+    stage1_config: str | Path,
+    stage2_config: str | Path,
+    output_dir: str | Path,
+    overrides: list[str] | None = None,
+    device: str = "auto",
+    resume: str | None = None,
+) -> StageResult:
+    """Stage 1 into ``OUTPUT/stage1``, then stage 2 from its best pair into ``OUTPUT/stage2``.
+
+    ``overrides`` (``--set`` strings) apply to every run of both stages.
+    """
+    out = Path(output_dir)
+    result = fit_stage1(stage1_config, overrides, output_dir=out / "stage1", device=device, resume=resume)
+    if result.stopped:
+        return result
+    init = {f"init.{role}": str(_weights(out / "stage1", role)) for role in ("generator", "discriminator")}
+    run = load_config(stage2_config, {**_overrides(overrides), **init}, output_dir=out / "stage2")
+    trainer = Trainer(run, device=device, resume=resume)
+    result.metrics["stage 2"] = trainer.fit()
+    result.stopped = trainer.stopped
+    return result
+
+
+#: NLL_oracle at length 20 on the SeqGAN oracle (SeqGAN paper, Table 1)
+PUBLISHED_NLL_ORACLE = {"stage 1": ("MLE", 9.038), "stage 2": ("SeqGAN", 8.736)}
+METRICS = ("nll_oracle", "nll_test", "d_accuracy")
+
+
+def oracle_table(result: StageResult, published: bool) -> str:
+    """The metric table of an oracle_text pipeline: stage 1's pair (the eval of the
+    discriminator's run, whose generator is the stage-1 one) against stage 2's final eval,
+    with the relative change and, on the SeqGAN oracle, the published values."""
+    rows = {"stage 1": result.metrics.get("stage 1 discriminator", {}), "stage 2": result.metrics.get("stage 2", {})}
+    header = f"{'':10}" + "".join(f"{m:>12}" for m in METRICS)
+    if published:
+        header += f"{'published nll_oracle':>26}"
+    lines = [header]
+    for name, values in rows.items():
+        line = f"{name:10}" + "".join(f"{values[m]:12.4f}" if m in values else f"{'-':>12}" for m in METRICS)
+        if published:
+            label, value = PUBLISHED_NLL_ORACLE[name]
+            line += f"{f'{label} {value}':>26}"
+        lines.append(line)
+    first, second = rows["stage 1"], rows["stage 2"]
+    if all(m in first and m in second for m in ("nll_oracle", "nll_test")):
+        change = {m: 100 * (second[m] - first[m]) / first[m] for m in ("nll_oracle", "nll_test")}
+        lines.append(f"{'change':10}" + "".join(f"{change[m]:+11.2f}%" for m in ("nll_oracle", "nll_test")))
+    return "\n".join(lines)

@@ -1,0 +1,290 @@
+"""Recipe ``oracle_text``: the synthetic-oracle text benchmark of the text-GAN literature.
+
+A fixed LSTM (the oracle, :mod:`trainer.tasks.oracle`) generates the real sequences. The
+generator is a transformers causal LM and the discriminator a transformers sequence
+classifier, both built from their config files (no download) or loaded from
+``save_pretrained`` directories. Stage 1 trains the generator by maximum likelihood
+(``training.objective: mle``) and then the discriminator; stage 2 trains the generator by
+policy gradient on the discriminator's reward (REINFORCE with the batch mean as baseline),
+optionally mixed with maximum likelihood. Eval generates from the eval sequences' prefixes
+and scores ``nll_oracle`` (quality), ``nll_test`` (the generator's NLL on held-out real
+sequences: diversity) and ``d_accuracy``.
+
+Token ids: the oracle's vocabulary is 0..V-1; the generator and discriminator have one more
+token, V, the start token (also the padding id; never generated).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate.utils import extract_model_from_parallel
+from torch import nn
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    GenerationConfig,
+    LogitsProcessorList,
+)
+
+from trainer.errors import ConfigError
+from trainer.tasks.base import Task, TensorRows
+from trainer.tasks.oracle import OracleLSTM
+from trainer.tasks.sampling import InverseCdfSampling
+from trainer.tasks.transformers_models import build_config, load_pretrained
+
+#: sequences are sampled from the oracle in chunks of this size, so a dataset does not depend
+#: on how much memory the machine has
+SAMPLE_CHUNK = 1000
+
+
+@dataclass
+class OracleTextOptions:
+    #: the oracle's vocabulary (the models have one more token: the start token)
+    vocab_size: int = 5000
+    seq_len: int = 20
+    #: the random oracle (when data.oracle_path is empty) and its shape
+    oracle_seed: int = 0
+    oracle_embed_dim: int = 32
+    oracle_hidden_dim: int = 32
+    #: seed of the sampled train and eval sequences (kept apart from training.seed, so that
+    #: runs with different seeds see the same data)
+    data_seed: int = 0
+    #: stage 2: weight of a maximum-likelihood term on real data beside the policy gradient
+    mle_weight: float = 0.0
+    #: generated sequences written to OUTPUT/samples/step-N.txt at each eval
+    write_samples: int = 10
+
+
+def cache_root(configured: str) -> Path:
+    """Where generated datasets are cached (``data.cache_dir``, else the user's cache)."""
+    if configured:
+        return Path(configured)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "trainer"
+
+
+def oracle_sequences(oracle: OracleLSTM, options: OracleTextOptions, train_size: int, eval_size: int, cache: Path):
+    """Train and eval sequences sampled from ``oracle``, as a ``datasets.DatasetDict``.
+
+    Cached under ``cache`` by oracle, seed and sizes: the first run writes the cache (into a
+    temporary directory renamed into place, so readers never see half of it), later runs and
+    the other ranks read it.
+    """
+    import datasets
+
+    key = f"oracle_text-{oracle.identity}-data{options.data_seed}-len{options.seq_len}-{train_size}-{eval_size}"
+    path = cache / key
+    if not path.is_dir():
+        rng = torch.Generator().manual_seed(options.data_seed)
+        splits = {}
+        for split, size in (("train", train_size), ("eval", eval_size)):
+            chunks = [
+                oracle.sample(min(SAMPLE_CHUNK, size - start), options.seq_len, rng)
+                for start in range(0, size, SAMPLE_CHUNK)
+            ]
+            splits[split] = datasets.Dataset.from_dict({"input_ids": torch.cat(chunks).tolist()})
+        partial = cache / f".partial-{key}-{os.getpid()}"
+        datasets.DatasetDict(splits).save_to_disk(str(partial))
+        try:
+            partial.rename(path)
+        except OSError:  # written meanwhile by another process: keep theirs
+            shutil.rmtree(partial, ignore_errors=True)
+    return datasets.load_from_disk(str(path))
+
+
+class OracleTextTask(Task):
+    """GPT-2-style generator against a sequence-classifier discriminator on oracle data."""
+
+    Options = OracleTextOptions
+
+    def __init__(self, run: Any) -> None:
+        super().__init__(run)
+        o, cfg = self.options, self.config
+        self.start_id = o.vocab_size
+        if cfg.training.loss == "wasserstein" or cfg.training.r1_weight > 0:
+            raise ConfigError(
+                f"{run.source}: key 'training.loss'/'training.r1_weight': gradient penalties need "
+                "continuous inputs; oracle_text takes non_saturating, hinge or least_squares and no R1"
+            )
+        if cfg.data.path:
+            raise ConfigError(f"{run.source}: key 'data.path': oracle_text samples its data from the oracle")
+        if not 0 <= cfg.eval.prefix_len < o.seq_len:
+            raise ConfigError(f"{run.source}: key 'eval.prefix_len' must be less than task_options.seq_len")
+        tokens = {"bos_token_id": self.start_id, "pad_token_id": self.start_id, "eos_token_id": None}
+        self.generator_hf = build_config(run.generator, run.generator_source, **tokens)
+        self.discriminator_hf = build_config(run.discriminator, run.discriminator_source, num_labels=1, **tokens)
+        models = ((self.generator_hf, run.generator_source), (self.discriminator_hf, run.discriminator_source))
+        for config, source in models:
+            if config.vocab_size != o.vocab_size + 1:
+                raise ConfigError(
+                    f"{source}: key 'vocab_size' is {config.vocab_size}; it must be task_options.vocab_size + 1 "
+                    f"= {o.vocab_size + 1} (the start token)"
+                )
+            positions = getattr(config, "max_position_embeddings", None)
+            if positions is not None and positions < o.seq_len + 1:
+                raise ConfigError(f"{source}: {positions} positions are fewer than seq_len + 1 = {o.seq_len + 1}")
+        self.generator_needs_data = cfg.training.objective == "mle" or o.mle_weight > 0
+        self._oracle: OracleLSTM | None = None
+
+    # -- the oracle and the data ---------------------------------------------------------------
+    @property
+    def oracle(self) -> OracleLSTM:
+        """The oracle (built on first use, on the CPU)."""
+        if self._oracle is None:
+            o, path = self.options, self.config.data.oracle_path
+            if path:
+                self._oracle = OracleLSTM.from_file(path, o.vocab_size)
+            else:
+                self._oracle = OracleLSTM.seeded(o.oracle_seed, o.vocab_size, o.oracle_embed_dim, o.oracle_hidden_dim)
+        return self._oracle
+
+    def _sequences(self, split: str) -> torch.Tensor:
+        data = self.config.data
+        table = oracle_sequences(self.oracle, self.options, data.train_size, data.eval_size, cache_root(data.cache_dir))
+        return table[split].with_format("torch")[:]["input_ids"]
+
+    def train_dataset(self) -> torch.utils.data.Dataset:
+        return TensorRows(input_ids=self._sequences("train"))
+
+    def eval_dataset(self) -> torch.utils.data.Dataset:
+        # Each eval sequence carries the uniforms its generated tokens are drawn with, so an eval
+        # scores the same generated sequences whatever the number of processes or batch size.
+        real = self._sequences("eval")
+        rng = torch.Generator().manual_seed(self.options.data_seed + 1)
+        return TensorRows(real=real, uniforms=torch.rand(real.shape, generator=rng))
+
+    def collate(self, items: Any) -> Any:
+        return items  # TensorRows.__getitems__ already returns the batch
+
+    def real(self, batch: Any) -> torch.Tensor:
+        return batch["input_ids"]
+
+    # -- models ------------------------------------------------------------------------------
+    def build_generator(self) -> nn.Module:
+        return AutoModelForCausalLM.from_config(self.generator_hf)
+
+    def build_discriminator(self) -> nn.Module:
+        return AutoModelForSequenceClassification.from_config(self.discriminator_hf)
+
+    def load_pretrained(self, role: str, path: Path) -> nn.Module | None:
+        if role == "generator":
+            model = load_pretrained(AutoModelForCausalLM, path, "generator")
+        else:
+            model = load_pretrained(AutoModelForSequenceClassification, path, "discriminator")
+        if model is not None and model.config.vocab_size != self.options.vocab_size + 1:
+            raise ConfigError(
+                f"{path}: a {role} with vocabulary {model.config.vocab_size}, "
+                f"but task_options.vocab_size + 1 is {self.options.vocab_size + 1}"
+            )
+        return model
+
+    # -- sampling and scoring ------------------------------------------------------------------
+    def sample_sequences(self, generator: nn.Module, prefix: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+        """Sequences of ``seq_len`` tokens: ``prefix`` [batch, p] continued by the generator's
+        ``generate`` (KV cache), token t drawn with ``uniforms[:, t]``."""
+        model = extract_model_from_parallel(generator)
+        start = torch.full((prefix.shape[0], 1), self.start_id, dtype=torch.long, device=prefix.device)
+        prompt = torch.cat([start, prefix], dim=1)
+        generation = GenerationConfig(
+            do_sample=False,  # the sampling is InverseCdfSampling's
+            max_new_tokens=self.options.seq_len - prefix.shape[1],
+            bos_token_id=self.start_id,
+            pad_token_id=self.start_id,
+            eos_token_id=None,
+            use_cache=True,
+        )
+        sampling = InverseCdfSampling(uniforms, prompt.shape[1], [self.start_id])
+        output = model.generate(
+            input_ids=prompt,
+            attention_mask=torch.ones_like(prompt),
+            generation_config=generation,
+            logits_processor=LogitsProcessorList([sampling]),
+        )
+        return output[:, 1:]
+
+    def token_log_probs(self, generator: nn.Module, sequences: torch.Tensor) -> torch.Tensor:
+        """The generator's ``log p(token_t | start, tokens_<t)`` [batch, length], start token excluded."""
+        start = torch.full_like(sequences[:, :1], self.start_id)
+        inputs = torch.cat([start, sequences[:, :-1]], dim=1)
+        # The start token doubles as the padding id: the mask says nothing here is padding.
+        logits = generator(input_ids=inputs, attention_mask=torch.ones_like(inputs)).logits.float()
+        banned = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+        banned[self.start_id] = True
+        log_p = logits.masked_fill(banned, -float("inf")).log_softmax(-1)
+        return log_p.gather(2, sequences.unsqueeze(2)).squeeze(2)
+
+    def generate(self, generator: nn.Module, num: int, rng: torch.Generator, batch: Any = None) -> torch.Tensor:
+        prefix = torch.empty((num, 0), dtype=torch.long, device=rng.device)
+        uniforms = torch.rand(num, self.options.seq_len, generator=rng, device=rng.device)
+        return self.sample_sequences(generator, prefix, uniforms)
+
+    def score(self, discriminator: nn.Module, samples: torch.Tensor) -> torch.Tensor:
+        return discriminator(input_ids=samples, attention_mask=torch.ones_like(samples)).logits.reshape(-1)
+
+    # -- losses ----------------------------------------------------------------------------------
+    def mle_loss(self, generator: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return -self.token_log_probs(generator, self.real(batch)).mean(), {}
+
+    def generator_loss(
+        self,
+        generator: nn.Module,
+        discriminator: nn.Module,
+        num: int,
+        rng: torch.Generator,
+        batch: Any = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """REINFORCE: raise the log-probability of sequences the discriminator rates above the
+        batch's mean rating, lower it for the others; plus ``mle_weight`` x NLL of real data."""
+        with torch.no_grad():
+            fake = self.generate(generator, num, rng)
+            reward = torch.sigmoid(self.score(discriminator, fake).float())
+        mle = self.options.mle_weight > 0
+        # One forward for generated and real sequences: DDP allows one forward per backward.
+        sequences = torch.cat([fake, self.real(batch)]) if mle else fake
+        log_p = self.token_log_probs(generator, sequences)
+        advantage = (reward - reward.mean()).unsqueeze(1)
+        policy = -(advantage * log_p[:num]).mean()
+        parts = {"reward": reward.mean(), "policy_loss": policy.detach()}
+        if not mle:
+            return policy, parts
+        nll = -log_p[num:].mean()
+        parts["nll_real"] = nll.detach()
+        return policy + self.options.mle_weight * nll, parts
+
+    # -- eval ------------------------------------------------------------------------------------
+    def eval_outputs(self, generator: nn.Module, discriminator: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+        real, prefix_len = batch["real"], self.config.eval.prefix_len
+        tokens = self.sample_sequences(generator, real[:, :prefix_len], batch["uniforms"][:, prefix_len:])
+        oracle = self.oracle.to(real.device)
+        return {
+            "nll_oracle": -oracle.token_log_probs(tokens)[:, prefix_len:].mean(1),
+            "nll_test": -self.token_log_probs(generator, real).mean(1),
+            "d_real": self.score(discriminator, real).float(),
+            "d_fake": self.score(discriminator, tokens).float(),
+            "generated": tokens[:, prefix_len:],
+        }
+
+    #: padding of generated sequences gathered across ranks (not a token id)
+    eval_pad_value = -1
+
+    def eval_metrics(self, outputs: dict[str, torch.Tensor]) -> dict[str, float]:
+        correct = (outputs["d_real"] > 0).sum() + (outputs["d_fake"] <= 0).sum()
+        return {
+            "nll_oracle": float(outputs["nll_oracle"].double().mean()),
+            "nll_test": float(outputs["nll_test"].double().mean()),
+            "d_accuracy": float(correct) / (2 * len(outputs["d_real"])),
+        }
+
+    def on_eval(self, step: int, outputs: dict[str, torch.Tensor], output_dir: Path, trackers: list[Any]) -> None:
+        count = self.options.write_samples
+        if count <= 0:
+            return
+        rows = outputs["generated"][:count].tolist()
+        path = output_dir / "samples" / f"step-{step:07d}.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(" ".join(str(t) for t in row if t >= 0) + "\n" for row in rows))
