@@ -12,7 +12,6 @@ an interrupted pipeline.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainer.cli import report  # noqa: E402
+from trainer.cli import configure_logging, report  # noqa: E402
 from trainer.errors import UserError  # noqa: E402
 
 #: --full: the SeqGAN protocol's scale (a 10,000-sequence corpus, a larger generator trained
@@ -45,19 +44,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--full", action="store_true", help="the SeqGAN-size benchmark instead of the small default")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--resume", metavar="latest", help="continue an interrupted pipeline")
+    p.add_argument("--goal", action="store_true", help="exit 1 unless stage 2 meets the benchmark goal")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=value")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    configure_logging()
     rank = os.environ.get("RANK", "0")
     overrides = [*(FULL_SIZE if args.full else []), *args.overrides]
     if args.oracle:
         overrides.append(f"data.oracle_path={args.oracle}")
     try:
-        from trainer.stages import fit_pipeline, oracle_table
+        from trainer.stages import benchmark_goal, fit_pipeline, oracle_table
 
         result = fit_pipeline(
             args.stage1_config, args.stage2_config, args.output_dir, overrides, args.device, args.resume
@@ -67,8 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     if rank == "0":
         if result.stopped:
             print(f"stopped by {result.stopped}; continue with --resume latest")
-        else:
-            print(oracle_table(result, published=bool(args.oracle)))
+            return 0
+        print(oracle_table(result, published=bool(args.oracle)))
+    if args.goal and not result.stopped:
+        met, verdict = benchmark_goal(result)
+        if rank == "0":
+            print(verdict)
+        return 0 if met else 1
     return 0
 
 

@@ -195,3 +195,18 @@ def test_bad_model_configs_name_file_and_key(tmp_path, capsys, model, message):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert str(tmp_path / "generator.yaml") in err[0] and message in err[0], err[0]
+
+
+@pytest.mark.timeout(300)
+def test_main_job_runs_both_stages_and_prints_the_table(tmp_path):
+    stage1 = write_oracle_run(tmp_path, {"training": {"max_steps": 2}}, "stage1.yaml")
+    stage2 = write_oracle_run(tmp_path, {"training": {"max_steps": 2}}, "stage2.yaml")
+    args = ["--stage1-config", str(stage1), "--stage2-config", str(stage2), "--output-dir", str(tmp_path / "job")]
+    result = check(launch([*args, "--device", "cpu"], 1, script=ROOT / "scripts" / "run_oracle.py"))
+    lines = result.stdout.strip().splitlines()[-4:]
+    assert lines[0].split() == ["nll_oracle", "nll_test", "d_accuracy"]
+    assert lines[1].startswith("stage 1") and lines[2].startswith("stage 2") and lines[3].startswith("change")
+    for role in ("generator", "discriminator"):
+        assert (tmp_path / "job" / "stage2" / "final" / role / "config.json").is_file()
+    stage2_config = yaml.safe_load((tmp_path / "job" / "stage2" / "config.yaml").read_text())
+    assert stage2_config["init"]["generator"] == str(tmp_path / "job" / "stage1" / "best" / "generator")

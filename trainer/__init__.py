@@ -1,6 +1,35 @@
 """trainer: stage-2 adversarial training on Hugging Face Accelerate that cannot deadlock.
 
-Importing the package touches no device and imports no heavy library.
+Importing the package touches no device and imports no heavy library: the API below is
+loaded on first use.
+
+- :func:`load_config`: the training config and both model configs (overrides as a dict)
+- :class:`Trainer`: ``Trainer(run, device).fit()`` in this process; ``.evaluate(source)``
+- :func:`launch`: N processes through accelerate's ``notebook_launcher``
+- :func:`fit_stage1`, :func:`fit_pipeline`: stage 1, and stage 1 then stage 2
+- :class:`Task`: the base class of recipes (``task: package.module:Class``)
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+_API = {
+    "load_config": "trainer.config",
+    "Trainer": "trainer.loop",
+    "launch": "trainer.api",
+    "fit_stage1": "trainer.stages",
+    "fit_pipeline": "trainer.stages",
+    "Task": "trainer.tasks.base",
+}
+
+__all__ = [*_API, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        return getattr(importlib.import_module(_API[name]), name)
+    raise AttributeError(f"module 'trainer' has no attribute {name!r}")

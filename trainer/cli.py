@@ -32,6 +32,12 @@ def parser(stage: int = 2) -> argparse.ArgumentParser:
     p.add_argument("--output-dir", help="where outputs go (overrides output_dir)")
     p.add_argument("--resume", metavar="latest|PATH", help="continue from a checkpoint")
     p.add_argument(
+        "--debug",
+        action="store_true",
+        help="a run to step through: 4 steps, eval and save at step 2, no watchdog, workers 0, "
+        "autograd anomaly detection, outputs in OUTPUT-debug (--set still overrides)",
+    )
+    p.add_argument(
         "--set",
         dest="overrides",
         action="append",
@@ -42,12 +48,26 @@ def parser(stage: int = 2) -> argparse.ArgumentParser:
     return p
 
 
+#: what --debug sets before the --set overrides: a breakpoint may pause a step for as long as
+#: it likes (no watchdog), and everything happens within seconds in this one process
+DEBUG_OVERRIDES = [
+    "training.max_steps=4",
+    "training.eval_every=2",
+    "training.save_every=2",
+    "training.log_every=1",
+    "training.num_workers=0",
+    "distributed.watchdog_s=0",
+]
+
+
 def main(argv: Sequence[str] | None = None, stage: int = 2) -> int:
     """Run stage 2 (or stage 1); returns the exit status (0, or non-zero with one line on stderr)."""
     args = parser(stage).parse_args(argv)
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    configure_logging()
     rank = os.environ.get("RANK", "0")
     try:
+        if args.debug:
+            debug_arguments(args)
         # Imported here so that --help and config errors stay fast and touch no device.
         from trainer.stages import StageResult, fit_stage1
 
@@ -84,6 +104,33 @@ def main(argv: Sequence[str] | None = None, stage: int = 2) -> int:
         else:
             print(json.dumps({"final_eval": result.metrics}))
     return 0
+
+
+def configure_logging() -> None:
+    """INFO lines with time and source; the trainer's own "saved ..." line stands for the
+    per-file lines of Accelerate's checkpointing, and transformers' save bars stay off."""
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    for name in ("accelerate.checkpointing", "accelerate.accelerator"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+
+
+def debug_arguments(args: argparse.Namespace) -> None:
+    """--debug: anomaly detection on, the DEBUG_OVERRIDES before the user's, outputs beside
+    the configured directory (OUTPUT-debug) unless one is given."""
+    import torch
+
+    from trainer.config import Config, parse_override
+    from trainer.schema import read_yaml
+
+    torch.autograd.set_detect_anomaly(True)
+    args.overrides = [*DEBUG_OVERRIDES, *args.overrides]
+    overridden = dict(parse_override(item) for item in args.overrides).get("output_dir")
+    if args.output_dir is None:
+        configured = overridden or read_yaml(args.config, "training config").get("output_dir", Config.output_dir)
+        args.output_dir = f"{configured}-debug"
 
 
 def report(exc: UserError, rank: str) -> int:

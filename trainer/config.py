@@ -7,6 +7,7 @@ the run with one line naming the file and the key.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_origin
@@ -128,6 +129,9 @@ class Stage1Section:
 
     generator: dict[str, Any] = field(default_factory=dict)
     discriminator: dict[str, Any] = field(default_factory=dict)
+    #: start the discriminator from the pre-trained generator's weights (init.discriminator):
+    #: a classifier on a language model's body learns real-vs-generated faster than from scratch
+    discriminator_from_generator: bool = False
 
 
 @dataclass
@@ -327,7 +331,7 @@ def load_config(
         model_path = getattr(cfg.model, f"{role}_config")
         if not model_path:
             raise ConfigError(f"{source}: key 'model.{role}_config' is empty and --{role}-config was not given")
-        models[role] = read_yaml(model_path, f"{role} model config")
+        models[role] = read_model_config(model_path, role)
     return RunConfig(
         config=cfg,
         source=source,
@@ -336,6 +340,20 @@ def load_config(
         generator_source=cfg.model.generator_config,
         discriminator_source=cfg.model.discriminator_config,
     )
+
+
+def read_model_config(path: str | Path, role: str) -> dict[str, Any]:
+    """A model config: a YAML file, or a ``save_pretrained`` directory (its config.json)."""
+    path = Path(path)
+    if path.is_dir():
+        file = path / "config.json"
+        if not file.is_file():
+            raise ConfigError(f"{path}: a directory without config.json is not a {role} model config")
+        try:
+            return json.loads(file.read_text())
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{file}: not valid JSON: {exc}") from None
+    return read_yaml(path, f"{role} model config")
 
 
 def write_resolved(run: RunConfig, output_dir: Path) -> None:

@@ -30,7 +30,7 @@ from transformers import get_scheduler
 from trainer import checkpoint, runtime
 from trainer.checkpoint import TrainState
 from trainer.config import OptimizerSection, RunConfig, write_resolved
-from trainer.errors import DataError, NonFiniteError
+from trainer.errors import CheckpointError, DataError, NonFiniteError
 from trainer.evaluation import evaluate
 from trainer.metrics import MetricsLog, flat_hparams, resolve_trackers
 from trainer.tasks import Task, load_task
@@ -161,6 +161,8 @@ class Trainer:
         # Building the task checks its options and model configs: still no device touched.
         self.task: Task = load_task(run)
         self.output_dir = Path(self.config.output_dir)
+        #: set by evaluate(): set-up writes nothing (no resolved config, metrics or trackers)
+        self.eval_only = False
 
     # -- set-up ----------------------------------------------------------------------------
     def _load_model(self, role: str, build: Any) -> nn.Module:
@@ -189,7 +191,7 @@ class Trainer:
         if t.mixed_precision == "fp16" and accelerator.device.type == "cpu" and accelerator.scaler is None:
             logger.warning("fp16 was requested but accelerate runs fp32 on the CPU (no autocast, no GradScaler)")
         set_seed(t.seed)
-        if accelerator.is_main_process:
+        if accelerator.is_main_process and not self.eval_only:
             write_resolved(self.run, self.output_dir)
 
         def read_inputs() -> tuple[Any, ...]:
@@ -266,6 +268,8 @@ class Trainer:
                 resumed_from = self.state.step
                 logger.info(f"resumed from {path} at step {self.state.step}")
         self.stream = BatchStream(accelerator, self.train_loader, self.state.epoch, self.state.position)
+        if self.eval_only:
+            return
         self.metrics = MetricsLog(accelerator, self.output_dir, resumed_from)
         if self.trackers:
             accelerator.init_trackers(t.project_name, config=flat_hparams(cfg))
@@ -404,6 +408,36 @@ class Trainer:
                     self._setup()
                 return self._train()
         finally:
+            runtime.release_accelerator()
+
+    def evaluate(self, source: str | Path | None = None) -> dict[str, Any]:
+        """Score the eval set once and return the metrics, writing nothing.
+
+        ``source``: a ``checkpoints/step-N`` directory, or a weights directory holding
+        ``generator/`` and ``discriminator/`` (``best/``, ``final/``); None: the models the
+        config builds and initialises. Every rank of a launched job calls it.
+        """
+        if source is not None:
+            path = Path(source)
+            if (path / checkpoint.STATE_NAME).is_file():
+                self.resume = str(path)
+            elif (path / "generator").is_dir() and (path / "discriminator").is_dir():
+                self.config.init.generator = str(path / "generator")
+                self.config.init.discriminator = str(path / "discriminator")
+            else:
+                raise CheckpointError(
+                    f"{path}: neither a checkpoint (no {checkpoint.STATE_NAME}) nor a weights directory "
+                    "with generator/ and discriminator/"
+                )
+        self.eval_only = True
+        try:
+            self._build_accelerator()
+            with self.watchdog, HEARTBEAT.long_work("evaluation"):
+                self._setup()
+                metrics, _ = evaluate(self.accelerator, self.task, self.g.model, self.d.model, self.eval_loader)
+            return metrics
+        finally:
+            self.eval_only = False
             runtime.release_accelerator()
 
     @contextlib.contextmanager

@@ -86,8 +86,12 @@ def build_accelerator(
 
 
 def release_accelerator() -> None:
-    """Forget accelerate's per-run singletons so that a later run in this process starts clean."""
-    AcceleratorState._reset_state()
+    """Forget accelerate's per-run singletons so that a later run in this process starts clean.
+
+    Without a process group, the per-process state (device, world of one) goes too: the next
+    run may ask for another device, or be launched into processes forked from this one.
+    """
+    AcceleratorState._reset_state(reset_partial_state=not torch.distributed.is_initialized())
     GradientState._reset_state()
 
 

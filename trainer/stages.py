@@ -58,20 +58,24 @@ def fit_stage1(
     common = _overrides(overrides)
     base = load_config(config, common, generator_config, discriminator_config, output_dir)
     out = Path(base.config.output_dir)
+
     # The discriminator's run starts from the generator's best weights, known once it has run.
+    def discriminator_overrides() -> dict[str, Any]:
+        generator = str(_weights(out / "generator_mle", "generator"))
+        body = {"init.discriminator": generator} if base.config.stage1.discriminator_from_generator else {}
+        return {
+            **body,
+            **dotted(base.config.stage1.discriminator),
+            "training.objective": "discriminator",
+            "init.generator": generator,
+        }
+
     parts = {
         "stage 1 generator": (
             lambda: {**dotted(base.config.stage1.generator), "training.objective": "mle"},
             out / "generator_mle",
         ),
-        "stage 1 discriminator": (
-            lambda: {
-                **dotted(base.config.stage1.discriminator),
-                "training.objective": "discriminator",
-                "init.generator": str(_weights(out / "generator_mle", "generator")),
-            },
-            out,
-        ),
+        "stage 1 discriminator": (discriminator_overrides, out),
     }
     for name, (stage_overrides, run_dir) in parts.items():
         run = load_config(config, {**common, **stage_overrides()}, generator_config, discriminator_config, run_dir)
@@ -132,3 +136,16 @@ def oracle_table(result: StageResult, published: bool) -> str:
         change = {m: 100 * (second[m] - first[m]) / first[m] for m in ("nll_oracle", "nll_test")}
         lines.append(f"{'change':10}" + "".join(f"{change[m]:+11.2f}%" for m in ("nll_oracle", "nll_test")))
     return "\n".join(lines)
+
+
+def benchmark_goal(result: StageResult) -> tuple[bool, str]:
+    """Whether stage 2 lowered nll_oracle by at least 3% relative to stage 1 while nll_test rose
+    by at most 5%, and a line saying so."""
+    first, second = result.metrics["stage 1 discriminator"], result.metrics["stage 2"]
+    oracle = (second["nll_oracle"] - first["nll_oracle"]) / first["nll_oracle"]
+    test = (second["nll_test"] - first["nll_test"]) / first["nll_test"]
+    met = oracle <= -0.03 and test <= 0.05
+    return met, (
+        f"goal {'met' if met else 'not met'}: nll_oracle {100 * oracle:+.2f}% (goal <= -3%), "
+        f"nll_test {100 * test:+.2f}% (goal <= +5%)"
+    )

@@ -20,7 +20,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from accelerate.utils import extract_model_from_parallel
@@ -32,8 +32,9 @@ from transformers import (
     LogitsProcessorList,
 )
 
+from trainer import losses
 from trainer.errors import ConfigError
-from trainer.tasks.base import Task, TensorRows
+from trainer.tasks.base import Penalties, Task, TensorRows
 from trainer.tasks.oracle import OracleLSTM
 from trainer.tasks.sampling import InverseCdfSampling
 from trainer.tasks.transformers_models import build_config, load_pretrained
@@ -57,6 +58,16 @@ class OracleTextOptions:
     data_seed: int = 0
     #: stage 2: weight of a maximum-likelihood term on real data beside the policy gradient
     mle_weight: float = 0.0
+    #: "prefix": the discriminator rates every prefix of a sequence (its classifier head on each
+    #: position of its causal body), learns from every position, and each generated token is
+    #: credited with the discounted ratings of the prefixes it starts; "sequence": whole
+    #: sequences only (one rating, the same for all of a sequence's tokens)
+    reward: Literal["prefix", "sequence"] = "prefix"
+    #: prefix rewards: weight of the rating of the prefix k tokens later in a token's return
+    discount: float = 0.9
+    #: stage 2: divide the advantages by their standard deviation, so the policy gradient keeps
+    #: its scale as the discriminator's ratings spread or bunch up
+    normalize_advantage: bool = True
     #: generated sequences written to OUTPUT/samples/step-N.txt at each eval
     write_samples: int = 10
 
@@ -166,16 +177,28 @@ class OracleTextTask(Task):
 
     # -- models ------------------------------------------------------------------------------
     def build_generator(self) -> nn.Module:
-        return AutoModelForCausalLM.from_config(self.generator_hf)
+        # A save_pretrained directory given as the model config brings its weights along.
+        pretrained = self.load_pretrained("generator", Path(self.run.generator_source))
+        return pretrained or AutoModelForCausalLM.from_config(self.generator_hf)
 
     def build_discriminator(self) -> nn.Module:
-        return AutoModelForSequenceClassification.from_config(self.discriminator_hf)
+        pretrained = self.load_pretrained("discriminator", Path(self.run.discriminator_source))
+        model = pretrained or AutoModelForSequenceClassification.from_config(self.discriminator_hf)
+        if self.options.reward == "prefix" and not isinstance(getattr(model, "score", None), nn.Module):
+            raise ConfigError(
+                f"{self.run.discriminator_source}: a {type(model).__name__} has no per-position 'score' head "
+                "(a causal classifier such as gpt2 has); set task_options.reward: sequence"
+            )
+        return model
 
     def load_pretrained(self, role: str, path: Path) -> nn.Module | None:
         if role == "generator":
             model = load_pretrained(AutoModelForCausalLM, path, "generator")
         else:
-            model = load_pretrained(AutoModelForSequenceClassification, path, "discriminator")
+            # num_labels=1: a causal LM's directory (the stage-1 generator) gives the body
+            model = load_pretrained(
+                AutoModelForSequenceClassification, path, "discriminator", num_labels=1, pad_token_id=self.start_id
+            )
         if model is not None and model.config.vocab_size != self.options.vocab_size + 1:
             raise ConfigError(
                 f"{path}: a {role} with vocabulary {model.config.vocab_size}, "
@@ -226,6 +249,46 @@ class OracleTextTask(Task):
     def score(self, discriminator: nn.Module, samples: torch.Tensor) -> torch.Tensor:
         return discriminator(input_ids=samples, attention_mask=torch.ones_like(samples)).logits.reshape(-1)
 
+    def prefix_scores(self, discriminator: nn.Module, samples: torch.Tensor) -> torch.Tensor:
+        """The discriminator's rating of every prefix of ``samples`` [batch, length]: its head on
+        each position's final hidden state (the last column is :meth:`score`)."""
+        out = discriminator(input_ids=samples, attention_mask=torch.ones_like(samples), output_hidden_states=True)
+        head = extract_model_from_parallel(discriminator).score
+        return head(out.hidden_states[-1]).squeeze(-1).float()
+
+    def discriminator_loss(
+        self,
+        discriminator: nn.Module,
+        real: torch.Tensor,
+        fake: torch.Tensor,
+        rng: torch.Generator,
+        penalties: Penalties,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        if self.options.reward == "sequence":
+            return super().discriminator_loss(discriminator, real, fake, rng, penalties)
+        # Real and generated sequences in one forward; every prefix is a labelled example.
+        scores = self.prefix_scores(discriminator, torch.cat([real, fake])).chunk(2)
+        loss = losses.discriminator_loss(self.config.training.loss, scores[0].reshape(-1), scores[1].reshape(-1))
+        return loss, {"d_real": scores[0].detach().mean(), "d_fake": scores[1].detach().mean()}
+
+    def _advantages(self, fake: torch.Tensor, discriminator: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token advantages [batch, length] of generated sequences, and their mean reward."""
+        if self.options.reward == "sequence":
+            reward = torch.sigmoid(self.score(discriminator, fake)).unsqueeze(1)  # [batch, 1]
+            returns = reward
+        else:
+            reward = torch.sigmoid(self.prefix_scores(discriminator, fake))  # [batch, length]
+            # return_t = sum over k >= 0 of discount^k * reward_{t+k}, computed from the end
+            returns = torch.empty_like(reward)
+            running = torch.zeros_like(reward[:, 0])
+            for t in range(reward.shape[1] - 1, -1, -1):
+                running = reward[:, t] + self.options.discount * running
+                returns[:, t] = running
+        advantage = returns - returns.mean(0, keepdim=True)  # baseline: the batch mean per position
+        if self.options.normalize_advantage and fake.shape[0] > 1:
+            advantage = advantage / (advantage.std() + 1e-6)
+        return advantage, reward.mean()
+
     # -- losses ----------------------------------------------------------------------------------
     def mle_loss(self, generator: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return -self.token_log_probs(generator, self.real(batch)).mean(), {}
@@ -238,18 +301,18 @@ class OracleTextTask(Task):
         rng: torch.Generator,
         batch: Any = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """REINFORCE: raise the log-probability of sequences the discriminator rates above the
-        batch's mean rating, lower it for the others; plus ``mle_weight`` x NLL of real data."""
+        """REINFORCE: raise the log-probability of tokens whose return (the discriminator's
+        ratings) is above the batch's mean at that position, lower the others'; plus
+        ``mle_weight`` x NLL of real data."""
         with torch.no_grad():
             fake = self.generate(generator, num, rng)
-            reward = torch.sigmoid(self.score(discriminator, fake).float())
+            advantage, reward = self._advantages(fake, discriminator)
         mle = self.options.mle_weight > 0
         # One forward for generated and real sequences: DDP allows one forward per backward.
         sequences = torch.cat([fake, self.real(batch)]) if mle else fake
         log_p = self.token_log_probs(generator, sequences)
-        advantage = (reward - reward.mean()).unsqueeze(1)
         policy = -(advantage * log_p[:num]).mean()
-        parts = {"reward": reward.mean(), "policy_loss": policy.detach()}
+        parts = {"reward": reward, "policy_loss": policy.detach()}
         if not mle:
             return policy, parts
         nll = -log_p[num:].mean()

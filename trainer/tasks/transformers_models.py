@@ -40,11 +40,15 @@ def build_config(fields: dict[str, Any], source: str, **forced: Any) -> Pretrain
         raise ConfigError(f"{source}: not a valid {model_type} config: {exc}") from None
 
 
-def load_pretrained(auto_class: Any, path: Path, what: str) -> Any | None:
-    """A model from a ``save_pretrained`` directory, or None when ``path`` is not one."""
+def load_pretrained(auto_class: Any, path: Path, what: str, **config: Any) -> Any | None:
+    """A model from a ``save_pretrained`` directory, or None when ``path`` is not one.
+
+    ``config`` values replace the saved ones (a classifier head can start from a language
+    model's body: its head is then newly initialised).
+    """
     if not (path.is_dir() and (path / "config.json").is_file()):
         return None
     try:
-        return auto_class.from_pretrained(str(path))
+        return auto_class.from_pretrained(str(path), **config)
     except (OSError, ValueError, KeyError) as exc:
         raise CheckpointError(f"{path}: cannot load the {what}: {str(exc).splitlines()[0]}") from None

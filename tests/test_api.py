@@ -1,0 +1,45 @@
+"""The Python API: in-process fit and evaluate, and launch() through notebook_launcher."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from helpers import ROOT, records, write_run
+
+from trainer import Trainer, launch, load_config
+
+
+def test_importing_the_package_loads_no_heavy_library():
+    code = "import sys, trainer; print(sorted(m for m in ('torch', 'accelerate', 'transformers') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+@pytest.mark.timeout(300)
+def test_two_fits_in_one_process_then_evaluate_alone(tmp_path):
+    config = write_run(tmp_path, {"training": {"max_steps": 4, "save_every": 4}})
+    first = Trainer(load_config(config, {"training.seed": 1}), device="cpu").fit()
+    # A second run in the same process (a re-run notebook cell) starts clean.
+    metrics = Trainer(load_config(config), device="cpu").fit()
+    assert set(first) == set(metrics)
+    assert records(tmp_path / "out", "eval")[-1]["num_samples"] == 10
+    written = (tmp_path / "out" / "metrics.jsonl").read_text()
+
+    for source in (tmp_path / "out" / "final", tmp_path / "out" / "checkpoints" / "step-0000004"):
+        again = Trainer(load_config(config), device="cpu").evaluate(source)
+        assert again == metrics, source
+    assert (tmp_path / "out" / "metrics.jsonl").read_text() == written  # evaluate() wrote nothing
+
+
+@pytest.mark.timeout(300)
+def test_launch_runs_a_config_in_two_processes(tmp_path):
+    config = write_run(tmp_path, {"training": {"max_steps": 4}})
+    last_eval = launch(str(config), num_processes=2, device="cpu", overrides={"training.eval_every": 4})
+    assert last_eval["world_size"] == 2 and last_eval["step"] == 4
+    assert last_eval["num_samples"] == 10
+    assert {r["world_size"] for r in records(tmp_path / "out")} == {2}
+    # The kernel is left clean: a one-process fit runs after it.
+    Trainer(load_config(config, {"output_dir": str(tmp_path / "after")}), device="cpu").fit()
+    assert {r["world_size"] for r in records(tmp_path / "after")} == {1}

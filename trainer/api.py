@@ -1,0 +1,70 @@
+"""The Python API: the same runs as the command line, from a script or a notebook.
+
+    from trainer import load_config, Trainer, launch
+
+    run = load_config("configs/training/ring.yaml", {"training.max_steps": 500})
+    metrics = Trainer(run, device="cpu").fit()           # in this process
+    Trainer(run, device="cpu").evaluate("outputs/ring/final")
+    launch("configs/training/ring.yaml", num_processes=2, overrides={"training.max_steps": 500})
+
+Each ``fit()`` or ``evaluate()`` releases Accelerate's per-process state when it ends, so
+the next one in the same kernel starts clean.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from trainer.config import RunConfig, load_config
+from trainer.errors import UserError, print_error_line
+from trainer.loop import Trainer
+from trainer.runtime import release_accelerator
+
+
+def _fit_in_each_process(run: RunConfig, device: str, resume: str | None) -> None:
+    """What every launched process runs: the trainer, ended with one error line on bad input."""
+    import torch.distributed as dist
+
+    try:
+        Trainer(run, device=device, resume=resume).fit()
+    except UserError as exc:
+        print_error_line(f"error (rank {os.environ.get('RANK', '0')}): {exc}")
+        raise SystemExit(exc.exit_code) from None
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def launch(
+    target: Callable[..., Any] | str | Path | RunConfig,
+    num_processes: int = 2,
+    overrides: dict[str, Any] | None = None,
+    device: str = "auto",
+    resume: str | None = None,
+    args: tuple[Any, ...] = (),
+) -> dict[str, Any] | None:
+    """Run ``target`` in ``num_processes`` processes through accelerate's ``notebook_launcher``.
+
+    ``target`` is a function (called in every process with ``args``), or a training config
+    (a path, with ``overrides``, or a :class:`RunConfig`): then every process trains it, as
+    ``accelerate launch`` would, and the last eval record of ``metrics.jsonl`` is returned.
+    On a machine without GPUs the processes are CPU processes over gloo.
+    """
+    from accelerate import notebook_launcher
+
+    if callable(target):
+        function, function_args, run = target, args, None
+    else:
+        run = target if isinstance(target, RunConfig) else load_config(target, overrides)
+        function, function_args = _fit_in_each_process, (run, device, resume)
+    release_accelerator()  # whatever an earlier cell left behind would stop the launcher
+    notebook_launcher(function, function_args, num_processes=num_processes)
+    if run is None:
+        return None
+    path = Path(run.config.output_dir) / "metrics.jsonl"
+    evals = [json.loads(line) for line in path.read_text().splitlines() if '"split": "eval"' in line]
+    return evals[-1] if evals else None
