@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from trainer.cli import configure_logging, report  # noqa: E402
 from trainer.errors import UserError  # noqa: E402
+from trainer.runtime import end_process_group  # noqa: E402
 
 #: --full: the SeqGAN protocol's scale (a 10,000-sequence corpus, a larger generator trained
 #: by maximum likelihood for about 100 epochs, a longer adversarial stage)
@@ -64,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     except UserError as exc:
         return report(exc, rank)
+    finally:
+        end_process_group()
     if rank == "0":
         if result.stopped:
             print(f"stopped by {result.stopped}; continue with --resume latest")

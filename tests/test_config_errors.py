@@ -116,8 +116,15 @@ def test_overrides_are_typed(tmp_path):
 
     config = write_run(tmp_path, {})
     run = load_config(
-        config, ["training.max_steps=7", "optim.generator.betas=[0.0, 0.9]", "training.mixed_precision=no"]
+        config,
+        [
+            "training.max_steps=7",
+            "optim.generator.betas=[0.0, 0.9]",
+            "training.mixed_precision=no",
+            "optim.generator.lr=1e-4",  # YAML 1.1 leaves this a string; a number field takes it
+        ],
     )
+    assert run.config.optim.generator.lr == 1e-4
     assert run.config.training.max_steps == 7
     assert run.config.optim.generator.betas == [0.0, 0.9]
     assert run.config.training.mixed_precision == "no"
@@ -152,11 +159,12 @@ def test_bad_data_row_fails_every_rank(tmp_path):
     config = write_run(tmp_path, {"data": {"path": str(tmp_path / "points.jsonl")}})
     result = launch(["--config", str(config), "--device", "cpu"], 2, timeout=200)
     assert result.returncode != 0
-    for rank in (0, 1):
-        lines = [x for x in result.stderr.splitlines() if x.startswith(f"error (rank {rank})")]
-        assert len(lines) == 1, result.stderr[-4000:]
-        line = lines[0]
-        assert "points.jsonl: row 13: column 'y' is 'north', not a finite number" in line
+    lines = {rank: [x for x in result.stderr.splitlines() if x.startswith(f"error (rank {rank})")] for rank in (0, 1)}
+    assert all(len(found) == 1 for found in lines.values()), result.stderr[-4000:]
+    # The main process reads first (it may write a cache the others read); the others stop
+    # with it, naming the rank whose line says why.
+    assert "points.jsonl: row 13: column 'y' is 'north', not a finite number" in lines[0][0]
+    assert "reading the models and data (main process) failed on rank(s) 0" in lines[1][0]
 
 
 @pytest.mark.timeout(120)
@@ -180,3 +188,10 @@ def test_unreadable_init_weights(tmp_path, capsys):
     code, err = run_cli(capsys, ["--config", str(config), "--device", "cpu"])
     assert code == 2 and len(err) == 1
     assert "g.safetensors: cannot read generator weights" in err[0]
+
+
+def test_bad_stage1_override_names_its_key(tmp_path, capsys):
+    config = write_run(tmp_path, {"stage1": {"generator": {"training.max_step": 5}}})
+    code, err = run_cli(capsys, ["--config", str(config)])
+    assert code == 2 and len(err) == 1
+    assert "key 'stage1.generator.training.max_step'" in err[0] and "did you mean 'training.max_steps'" in err[0]

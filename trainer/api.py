@@ -22,21 +22,18 @@ from typing import Any
 from trainer.config import RunConfig, load_config
 from trainer.errors import UserError, print_error_line
 from trainer.loop import Trainer
-from trainer.runtime import release_accelerator
+from trainer.runtime import end_process_group, release_accelerator
 
 
 def _fit_in_each_process(run: RunConfig, device: str, resume: str | None) -> None:
     """What every launched process runs: the trainer, ended with one error line on bad input."""
-    import torch.distributed as dist
-
     try:
         Trainer(run, device=device, resume=resume).fit()
     except UserError as exc:
         print_error_line(f"error (rank {os.environ.get('RANK', '0')}): {exc}")
         raise SystemExit(exc.exit_code) from None
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        end_process_group()
 
 
 def launch(

@@ -64,6 +64,17 @@ def main(argv: Sequence[str] | None = None, stage: int = 2) -> int:
     """Run stage 2 (or stage 1); returns the exit status (0, or non-zero with one line on stderr)."""
     args = parser(stage).parse_args(argv)
     configure_logging()
+    try:
+        return run_stage(args, stage)
+    finally:
+        if "torch" in sys.modules:  # --help and early config errors never loaded it
+            from trainer.runtime import end_process_group
+
+            end_process_group()
+
+
+def run_stage(args: argparse.Namespace, stage: int) -> int:
+    """The body of :func:`main`, once the arguments are read."""
     rank = os.environ.get("RANK", "0")
     try:
         if args.debug:

@@ -37,6 +37,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_error_line(f"error (rank {rank}): {exc}")
         print(f"doctor (rank {rank}): FAILED", flush=True)
         return 1
+    finally:
+        from trainer.runtime import end_process_group
+
+        end_process_group()
 
 
 def run(args: argparse.Namespace) -> int:

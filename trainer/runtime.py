@@ -223,3 +223,11 @@ def main_process_first(accelerator: Accelerator, what: str, action: Callable[[],
         return first
     others = agreed(accelerator, what, (lambda: None) if accelerator.is_main_process else action)
     return first if accelerator.is_main_process else others
+
+
+def end_process_group() -> None:
+    """Destroy the default process group, if any, before the process exits: one left to the
+    interpreter's exit can abort the process ("terminate called without an active exception")
+    after the work is done."""
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
