@@ -1,0 +1,140 @@
+"""The README as a newcomer's path: every shell command it shows is run here (shrunk to a few
+steps by extra flags) or named with the test or script that runs it."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, env, free_port, records
+
+#: commands run elsewhere, and where
+COVERED = {
+    "python3 -m venv .venv && . .venv/bin/activate": ".ci/run",
+    'pip install torch==2.13.0 && pip install -e ".[dev]"': ".ci/run",
+    "python -m pytest -q": ".ci/run",
+    "accelerate launch --config_file accelerate_configs/8gpu.yaml scripts/train_stage2.py "
+    "--config configs/training/ring.yaml --device cuda": "needs GPUs; the same path on CPUs is run below",
+    "accelerate launch --config_file accelerate_configs/8gpu.yaml scripts/doctor.py "
+    "--config configs/training/ring.yaml --device cuda": "needs GPUs; tests/test_safety.py runs the doctor on CPUs",
+    "python scripts/train_stage2.py --config configs/training/ring.yaml --device cpu "
+    "--resume outputs/ring/checkpoints/step-0003000": "tests/test_resume.py resumes from a named checkpoint",
+    "python scripts/bench_oracle.py ../shared/data/seqgan_oracle.safetensors [--full]": "a benchmark (13 minutes "
+    "and more); tests/test_oracle_text.py runs the same pipeline script on tiny configs",
+    "PYTHONPATH=. accelerate launch --config_file accelerate_configs/8gpu.yaml --num_processes 2 "
+    "scripts/train_stage2.py --config two_peaks.yaml --device cpu": "tests/test_custom_task.py",
+}
+
+RING_DEBUG = ["--debug"]
+#: oracle_text at a tiny size: a few steps, a small corpus
+ORACLE_TINY = [
+    "--set=data.train_size=256",
+    "--set=data.eval_size=40",
+    "--set=training.max_steps=2",
+    "--set=training.eval_every=2",
+    "--set=stage1.generator.training.max_steps=2",
+    "--set=stage1.discriminator.training.max_steps=2",
+]
+
+#: commands run here: the extra arguments that shrink them (an output directory is added)
+RUN = {
+    "python scripts/run_oracle.py --device cpu": ORACLE_TINY,
+    "python scripts/train_stage1.py --device cpu": ORACLE_TINY,
+    "python scripts/train_stage2.py --config configs/training/ring.yaml --device cpu": RING_DEBUG,
+    "python scripts/train_stage2.py --config configs/training/ring.yaml --device cpu --debug": [],
+    "torchrun --standalone --nproc_per_node 2 scripts/train_stage2.py --config configs/training/ring.yaml "
+    "--device cpu": RING_DEBUG,
+    "accelerate launch --config_file accelerate_configs/8gpu.yaml --num_processes 2 scripts/train_stage2.py "
+    "--config configs/training/ring.yaml --device cpu": RING_DEBUG,
+}
+
+
+def readme_commands() -> list[str]:
+    """The shell commands of the README's bash blocks, continuation lines joined, comments dropped."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+", " ", line.split(" # ")[0]).strip()
+            if line and not line.startswith("#"):
+                commands.append(line)
+    return commands
+
+
+def test_every_readme_command_is_run_or_covered():
+    commands = set(readme_commands())
+    dependent = {
+        "python scripts/train_stage2.py --device cpu",
+        "python scripts/train_stage2.py --config configs/training/ring.yaml --device cpu --resume latest",
+        "python -m pdb scripts/train_stage2.py --config configs/training/ring.yaml --device cpu --debug",
+    }
+    unknown = commands - set(COVERED) - set(RUN) - dependent
+    assert not unknown, f"README commands neither run nor covered by a test: {sorted(unknown)}"
+    assert dependent <= commands
+
+
+def argv(command: str) -> list[str]:
+    """The command with this interpreter for python, torchrun and accelerate."""
+    words = shlex.split(command)
+    if words[0] == "python":
+        return [sys.executable, *words[1:]]
+    if words[0] == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", *words[1:]]
+    if words[:2] == ["accelerate", "launch"]:
+        return [sys.executable, "-m", "accelerate.commands.launch", "--main_process_port", str(free_port()), *words[2:]]
+    raise AssertionError(f"cannot run {command!r}")
+
+
+def run(command: str, *extra: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [*argv(command), *extra], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=400, input=stdin
+    )
+    assert result.returncode == 0, f"{command}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    return result
+
+
+@pytest.mark.timeout(450)
+@pytest.mark.parametrize("command", list(RUN))
+def test_readme_command_runs(tmp_path, command):
+    extra = [*RUN[command], "--output-dir", str(tmp_path / "out")]
+    if "oracle" in command or "stage1" in command:
+        extra.append(f"--set=data.cache_dir={tmp_path / 'cache'}")
+    result = run(command, *extra)
+    if "run_oracle" in command:
+        assert "stage 2" in result.stdout
+        assert (tmp_path / "out" / "stage2" / "final" / "generator" / "config.json").is_file()
+    elif "stage1" in command:
+        assert (tmp_path / "out" / "best" / "discriminator" / "config.json").is_file()
+    else:
+        processes = 2 if ("torchrun" in command or "launch" in command) else 1
+        assert {r["world_size"] for r in records(tmp_path / "out")} == {processes}
+
+
+@pytest.mark.timeout(450)
+def test_readme_stage1_then_stage2_alone(tmp_path):
+    cache = f"--set=data.cache_dir={tmp_path / 'cache'}"
+    run("python scripts/train_stage1.py --device cpu", *ORACLE_TINY, cache, "--output-dir", str(tmp_path / "stage1"))
+    init = [f"--set=init.{role}={tmp_path / 'stage1' / 'best' / role}" for role in ("generator", "discriminator")]
+    run("python scripts/train_stage2.py --device cpu", *ORACLE_TINY, cache, *init, "--output-dir", str(tmp_path / "s2"))
+    assert records(tmp_path / "s2", "eval")[-1]["num_samples"] == 40
+
+
+@pytest.mark.timeout(300)
+def test_readme_resume_latest_continues(tmp_path):
+    out = ["--output-dir", str(tmp_path / "out")]
+    ring = "python scripts/train_stage2.py --config configs/training/ring.yaml --device cpu"
+    run(ring, "--debug", *out)
+    result = run(f"{ring} --resume latest", "--debug", "--set=training.max_steps=6", *out)
+    assert "resumed from" in result.stderr and "at step 4" in result.stderr
+    assert [r["step"] for r in records(tmp_path / "out", "eval")] == [2, 4, 6]
+
+
+@pytest.mark.timeout(300)
+def test_readme_pdb_command_runs_under_the_debugger(tmp_path):
+    command = "python -m pdb scripts/train_stage2.py --config configs/training/ring.yaml --device cpu --debug"
+    result = run(command, "--output-dir", str(tmp_path / "out"), stdin="continue\nquit\n")
+    assert "The program exited via sys.exit(). Exit status: 0" in result.stdout, result.stdout[-2000:]
+    assert Path(tmp_path / "out" / "final" / "generator").is_dir()
