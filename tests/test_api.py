@@ -9,6 +9,7 @@ import pytest
 from helpers import ROOT, records, write_run
 
 from trainer import Trainer, launch, load_config
+from trainer.errors import CheckpointError
 
 
 def test_importing_the_package_loads_no_heavy_library():
@@ -27,10 +28,15 @@ def test_two_fits_in_one_process_then_evaluate_alone(tmp_path):
     assert records(tmp_path / "out", "eval")[-1]["num_samples"] == 10
     written = (tmp_path / "out" / "metrics.jsonl").read_text()
 
+    run = load_config(config)
     for source in (tmp_path / "out" / "final", tmp_path / "out" / "checkpoints" / "step-0000004"):
-        again = Trainer(load_config(config), device="cpu").evaluate(source)
+        again = Trainer(run, device="cpu").evaluate(source)
         assert again == metrics, source
     assert (tmp_path / "out" / "metrics.jsonl").read_text() == written  # evaluate() wrote nothing
+    # The caller's config is left as it was: a later fit() does not start from final/.
+    assert run.config.init.generator == "" and run.config.init.discriminator == ""
+    with pytest.raises(CheckpointError, match="neither a checkpoint"):
+        Trainer(run, device="cpu").evaluate(tmp_path)
 
 
 @pytest.mark.timeout(300)

@@ -10,6 +10,7 @@ micro-batches.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import signal
 import time
@@ -29,7 +30,7 @@ from transformers import get_scheduler
 
 from trainer import checkpoint, runtime
 from trainer.checkpoint import TrainState
-from trainer.config import OptimizerSection, RunConfig, write_resolved
+from trainer.config import InitSection, OptimizerSection, RunConfig, write_resolved
 from trainer.errors import CheckpointError, DataError, NonFiniteError
 from trainer.evaluation import evaluate
 from trainer.metrics import MetricsLog, flat_hparams, resolve_trackers
@@ -134,6 +135,19 @@ def frozen(params: list[nn.Parameter]) -> Iterator[None]:
             param.requires_grad_(flag)
 
 
+def weights_kind(path: Path) -> str:
+    """``checkpoint`` (a checkpoints/step-N directory) or ``weights`` (generator/ and
+    discriminator/ inside, like best/ and final/); anything else is a CheckpointError."""
+    if (path / checkpoint.STATE_NAME).is_file():
+        return "checkpoint"
+    if (path / "generator").is_dir() and (path / "discriminator").is_dir():
+        return "weights"
+    raise CheckpointError(
+        f"{path}: neither a checkpoint (no {checkpoint.STATE_NAME}) nor a weights directory "
+        "with generator/ and discriminator/"
+    )
+
+
 def noise_seed(seed: int, rank: int) -> int:
     """Each rank draws its own noise, reproducibly."""
     return seed * 1_000_003 + 7919 * (rank + 1)
@@ -161,8 +175,6 @@ class Trainer:
         # Building the task checks its options and model configs: still no device touched.
         self.task: Task = load_task(run)
         self.output_dir = Path(self.config.output_dir)
-        #: set by evaluate(): set-up writes nothing (no resolved config, metrics or trackers)
-        self.eval_only = False
 
     # -- set-up ----------------------------------------------------------------------------
     def _load_model(self, role: str, build: Any) -> nn.Module:
@@ -184,14 +196,16 @@ class Trainer:
         # Started by fit(); the rank is known only now.
         self.watchdog = Watchdog(self.config.distributed.watchdog_s, self.output_dir, self.accelerator.process_index)
 
-    def _setup(self) -> None:
+    def _setup(self, training: bool = True) -> None:
+        """Models, data, optimizers and state on every rank; with ``training`` off (eval only)
+        nothing is written: no resolved config, metrics log or trackers."""
         cfg, t, accelerator = self.config, self.config.training, self.accelerator
         logger.info(runtime.describe_rank(accelerator), main_process_only=False)
         self.watchdog.peers = runtime.check_devices(accelerator)
         if t.mixed_precision == "fp16" and accelerator.device.type == "cpu" and accelerator.scaler is None:
             logger.warning("fp16 was requested but accelerate runs fp32 on the CPU (no autocast, no GradScaler)")
         set_seed(t.seed)
-        if accelerator.is_main_process and not self.eval_only:
+        if accelerator.is_main_process and training:
             write_resolved(self.run, self.output_dir)
 
         def read_inputs() -> tuple[Any, ...]:
@@ -268,7 +282,7 @@ class Trainer:
                 resumed_from = self.state.step
                 logger.info(f"resumed from {path} at step {self.state.step}")
         self.stream = BatchStream(accelerator, self.train_loader, self.state.epoch, self.state.position)
-        if self.eval_only:
+        if not training:
             return
         self.metrics = MetricsLog(accelerator, self.output_dir, resumed_from)
         if self.trackers:
@@ -417,27 +431,23 @@ class Trainer:
         ``generator/`` and ``discriminator/`` (``best/``, ``final/``); None: the models the
         config builds and initialises. Every rank of a launched job calls it.
         """
-        if source is not None:
-            path = Path(source)
-            if (path / checkpoint.STATE_NAME).is_file():
-                self.resume = str(path)
-            elif (path / "generator").is_dir() and (path / "discriminator").is_dir():
-                self.config.init.generator = str(path / "generator")
-                self.config.init.discriminator = str(path / "discriminator")
-            else:
-                raise CheckpointError(
-                    f"{path}: neither a checkpoint (no {checkpoint.STATE_NAME}) nor a weights directory "
-                    "with generator/ and discriminator/"
-                )
-        self.eval_only = True
         try:
             self._build_accelerator()
             with self.watchdog, HEARTBEAT.long_work("evaluation"):
-                self._setup()
+                if source is not None:
+                    # What the source is decides which collectives set-up runs (a checkpoint
+                    # load or none): rank 0's answer is taken by all.
+                    kind = runtime.agreed(self.accelerator, "finding the weights", lambda: weights_kind(Path(source)))
+                    kind = runtime.from_main_process(self.accelerator, kind, "the kind of weights to evaluate")
+                    if kind == "checkpoint":
+                        self.resume = str(source)
+                    else:  # a copy: the caller's config keeps its own init paths
+                        init = InitSection(str(Path(source) / "generator"), str(Path(source) / "discriminator"))
+                        self.config = dataclasses.replace(self.config, init=init)
+                self._setup(training=False)
                 metrics, _ = evaluate(self.accelerator, self.task, self.g.model, self.d.model, self.eval_loader)
             return metrics
         finally:
-            self.eval_only = False
             runtime.release_accelerator()
 
     @contextlib.contextmanager
@@ -572,7 +582,7 @@ class Trainer:
         )
         self.metrics.write("train", self.state.step, values)
         if self.progress_lines:  # no progress bar: one line per log step instead
-            losses = " ".join(f"{name} {value:.4g}" for name, value in zip(names, means.tolist(), strict=True))
+            losses = " ".join(f"{name} {values[name]:.4g}" for name in names)
             rate = f", {values['steps_per_s']:.2f} steps/s" if values["steps_per_s"] else ""
             logger.info(f"step {self.state.step}/{t.max_steps}: {losses}{rate}")
 
