@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -143,7 +144,18 @@ class Faults(GaussianMixtureTask):
 
 class RankLengthOracle(OracleTextTask):
     """oracle_text whose generated eval sequences are shorter on rank r by r tokens, so that a
-    test can see sequences of different lengths gathered across ranks with an exact count."""
+    test can see sequences of different lengths gathered across ranks with an exact count; each
+    rank writes when it read the training data to OUTPUT/read-rank{r}.json."""
+
+    def train_dataset(self):
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        start = time.time()
+        dataset = super().train_dataset()
+        record = {"start": start, "end": time.time()}
+        path = Path(self.config.output_dir) / f"read-rank{rank}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record))
+        return dataset
 
     def eval_outputs(self, generator, discriminator, batch):
         outputs = super().eval_outputs(generator, discriminator, batch)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -134,6 +135,9 @@ def test_generated_sequences_of_different_lengths_are_gathered_exactly(tmp_path)
         prefix_len = 2
         assert record["generated_width"] == LENGTH - prefix_len  # rank 0's full length
         assert record["shortest"] == LENGTH - prefix_len - 1  # rank 1's, padded
+    # The main process read (and cached) the data before the other rank began to.
+    reads = {r: json.loads((tmp_path / "out" / f"read-rank{r}.json").read_text()) for r in (0, 1)}
+    assert reads[0]["end"] <= reads[1]["start"], reads
 
 
 @pytest.mark.timeout(300)
@@ -166,7 +170,7 @@ def test_saved_generator_loads_with_the_same_logits_and_resume_is_exact(tmp_path
 
 
 @pytest.mark.timeout(120)
-def test_the_data_cache_is_written_once_and_read_back(tmp_path):
+def test_the_data_cache_is_written_once_and_read_back(tmp_path, monkeypatch):
     from trainer.config import load_config
     from trainer.tasks import load_task
 
@@ -174,6 +178,11 @@ def test_the_data_cache_is_written_once_and_read_back(tmp_path):
     first = load_task(load_config(config)).train_dataset().columns["input_ids"]
     entries = sorted(p.name for p in (tmp_path / "cache").iterdir())
     assert len(entries) == 1 and not entries[0].startswith(".partial")
+
+    def no_sampling(*args, **kwargs):
+        raise AssertionError("the cached data was sampled again")
+
+    monkeypatch.setattr(OracleLSTM, "sample", no_sampling)
     again = load_task(load_config(config)).train_dataset().columns["input_ids"]
     assert torch.equal(first, again)
     assert first.shape == (128, LENGTH) and int(first.max()) < VOCAB

@@ -20,18 +20,19 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config import RunConfig, load_config
-from trainer.errors import UserError, print_error_line
+from trainer.errors import UserError
 from trainer.loop import Trainer
 from trainer.runtime import end_process_group, release_accelerator
 
 
 def _fit_in_each_process(run: RunConfig, device: str, resume: str | None) -> None:
     """What every launched process runs: the trainer, ended with one error line on bad input."""
+    from trainer.cli import report
+
     try:
         Trainer(run, device=device, resume=resume).fit()
     except UserError as exc:
-        print_error_line(f"error (rank {os.environ.get('RANK', '0')}): {exc}")
-        raise SystemExit(exc.exit_code) from None
+        raise SystemExit(report(exc, os.environ.get("RANK", "0"))) from None
     finally:
         end_process_group()
 
@@ -62,6 +63,6 @@ def launch(
     notebook_launcher(function, function_args, num_processes=num_processes)
     if run is None:
         return None
-    path = Path(run.config.output_dir) / "metrics.jsonl"
-    evals = [json.loads(line) for line in path.read_text().splitlines() if '"split": "eval"' in line]
+    lines = (Path(run.config.output_dir) / "metrics.jsonl").read_text().splitlines()
+    evals = [record for record in map(json.loads, filter(str.strip, lines)) if record["split"] == "eval"]
     return evals[-1] if evals else None

@@ -67,10 +67,9 @@ def main(argv: Sequence[str] | None = None, stage: int = 2) -> int:
     try:
         return run_stage(args, stage)
     finally:
-        if "torch" in sys.modules:  # --help and early config errors never loaded it
-            from trainer.runtime import end_process_group
+        from trainer.runtime import end_process_group
 
-            end_process_group()
+        end_process_group()
 
 
 def run_stage(args: argparse.Namespace, stage: int) -> int:
@@ -80,40 +79,21 @@ def run_stage(args: argparse.Namespace, stage: int) -> int:
         if args.debug:
             debug_arguments(args)
         # Imported here so that --help and config errors stay fast and touch no device.
-        from trainer.stages import StageResult, fit_stage1
+        from trainer.stages import fit_run, fit_stage1
 
+        flags = (args.config, args.overrides, args.generator_config, args.discriminator_config, args.output_dir)
         if stage == 1:
-            result = fit_stage1(
-                args.config,
-                args.overrides,
-                args.generator_config,
-                args.discriminator_config,
-                args.output_dir,
-                args.device,
-                args.resume,
-            )
+            result = fit_stage1(*flags, args.device, args.resume)
+            metrics, stopped = result.metrics, result.stopped
         else:
-            from trainer.config import load_config
-            from trainer.loop import Trainer
-
-            run = load_config(
-                args.config,
-                args.overrides,
-                generator_config=args.generator_config,
-                discriminator_config=args.discriminator_config,
-                output_dir=args.output_dir,
-            )
-            trainer = Trainer(run, device=args.device, resume=args.resume)
-            result = StageResult({"final_eval": trainer.fit()}, trainer.stopped)
+            metrics, stopped = fit_run(*flags, args.device, args.resume)
     except UserError as exc:
         return report(exc, rank)
     if rank == "0":
-        if result.stopped:
-            print(f"stopped by {result.stopped} after saving a checkpoint; continue with --resume latest")
-        elif stage == 2:
-            print(json.dumps(result.metrics))
+        if stopped:
+            print(f"stopped by {stopped} after saving a checkpoint; continue with --resume latest")
         else:
-            print(json.dumps({"final_eval": result.metrics}))
+            print(json.dumps({"final_eval": metrics}))
     return 0
 
 
@@ -133,12 +113,12 @@ def debug_arguments(args: argparse.Namespace) -> None:
     the configured directory (OUTPUT-debug) unless one is given."""
     import torch
 
-    from trainer.config import Config, parse_override
+    from trainer.config import Config, override_mapping
     from trainer.schema import read_yaml
 
     torch.autograd.set_detect_anomaly(True)
     args.overrides = [*DEBUG_OVERRIDES, *args.overrides]
-    overridden = dict(parse_override(item) for item in args.overrides).get("output_dir")
+    overridden = override_mapping(args.overrides).get("output_dir")
     if args.output_dir is None:
         configured = overridden or read_yaml(args.config, "training config").get("output_dir", Config.output_dir)
         args.output_dir = f"{configured}-debug"

@@ -176,6 +176,13 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+def override_mapping(overrides: dict[str, Any] | list[str] | None) -> dict[str, Any]:
+    """Overrides as a mapping of dotted keys to values, from a mapping or ``--set`` strings."""
+    if isinstance(overrides, dict):
+        return dict(overrides)
+    return dict(parse_override(item) for item in overrides or [])
+
+
 def check_override_key(key: str) -> None:
     """Raise a ConfigError unless ``key`` names a field of Config (or lies in a free mapping)."""
     tp: Any = Config
@@ -315,9 +322,7 @@ def load_config(
     """
     source = str(path)
     data = read_yaml(path, "training config")
-    if isinstance(overrides, list):
-        overrides = dict(parse_override(item) for item in overrides)
-    apply_overrides(data, overrides or {})
+    apply_overrides(data, override_mapping(overrides))
     if output_dir is not None:
         data["output_dir"] = str(output_dir)
     cfg = from_mapping(Config, data, source)

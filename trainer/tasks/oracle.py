@@ -61,13 +61,14 @@ class OracleLSTM(nn.Module):
     @classmethod
     def from_file(cls, path: str | Path, vocab_size: int = 5000) -> OracleLSTM:
         """The oracle stored in a safetensors file; a missing or misshapen tensor names the file."""
-        from safetensors.torch import load_file
+        from safetensors.torch import load
 
         path = Path(path)
         if not path.is_file():
             raise DataError(f"{path}: oracle file not found (data.oracle_path)")
+        data = path.read_bytes()  # read once: for the tensors and for the hash that names the oracle
         try:
-            tensors = load_file(str(path))
+            tensors = load(data)
         except Exception as exc:  # safetensors raises several types for a damaged file
             raise DataError(f"{path}: not a readable safetensors file: {exc}") from None
         embedding = tensors.get("embedding")
@@ -79,7 +80,7 @@ class OracleLSTM(nn.Module):
             found = tuple(tensors[name].shape) if name in tensors else None
             if found != shape:
                 raise DataError(f"{path}: tensor {name!r} has shape {found}, expected {shape}")
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+        digest = hashlib.sha256(data).hexdigest()[:16]
         return cls({name: tensors[name] for name in expected}, f"file-{digest}")
 
     def _step(

@@ -16,6 +16,7 @@ token, V, the start token (also the padding id; never generated).
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from dataclasses import dataclass
@@ -140,24 +141,24 @@ class OracleTextTask(Task):
             if positions is not None and positions < o.seq_len + 1:
                 raise ConfigError(f"{source}: {positions} positions are fewer than seq_len + 1 = {o.seq_len + 1}")
         self.generator_needs_data = cfg.training.objective == "mle" or o.mle_weight > 0
-        self._oracle: OracleLSTM | None = None
 
     # -- the oracle and the data ---------------------------------------------------------------
-    @property
+    @functools.cached_property
     def oracle(self) -> OracleLSTM:
         """The oracle (built on first use, on the CPU)."""
-        if self._oracle is None:
-            o, path = self.options, self.config.data.oracle_path
-            if path:
-                self._oracle = OracleLSTM.from_file(path, o.vocab_size)
-            else:
-                self._oracle = OracleLSTM.seeded(o.oracle_seed, o.vocab_size, o.oracle_embed_dim, o.oracle_hidden_dim)
-        return self._oracle
+        o, path = self.options, self.config.data.oracle_path
+        if path:
+            return OracleLSTM.from_file(path, o.vocab_size)
+        return OracleLSTM.seeded(o.oracle_seed, o.vocab_size, o.oracle_embed_dim, o.oracle_hidden_dim)
+
+    @functools.cached_property
+    def _table(self) -> Any:
+        """The train and eval sequences (read, or sampled and cached, once per task)."""
+        data = self.config.data
+        return oracle_sequences(self.oracle, self.options, data.train_size, data.eval_size, cache_root(data.cache_dir))
 
     def _sequences(self, split: str) -> torch.Tensor:
-        data = self.config.data
-        table = oracle_sequences(self.oracle, self.options, data.train_size, data.eval_size, cache_root(data.cache_dir))
-        return table[split].with_format("torch")[:]["input_ids"]
+        return self._table[split].with_format("torch")[:]["input_ids"]
 
     def train_dataset(self) -> torch.utils.data.Dataset:
         return TensorRows(input_ids=self._sequences("train"))
