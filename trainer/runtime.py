@@ -165,13 +165,30 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
 
 
-def any_rank(accelerator: Accelerator, flags: Sequence[bool], purpose: str) -> list[bool]:
-    """For each flag, whether it is set on any rank: one all-reduce for the whole vector."""
-    local = torch.tensor([float(f) for f in flags], device=accelerator.device)
-    if accelerator.num_processes > 1:
-        HEARTBEAT.collective_entered(f"all_reduce ({purpose})")
-        local = accelerator.reduce(local, reduction="sum")
-    return [bool(v > 0) for v in local.tolist()]
+class AnyRank:
+    """For each flag, whether it is set on any rank, from one all-reduce of the whole vector
+    that runs while the caller computes: started here, waited for by :meth:`result`.
+
+    Every rank starts and waits at the same points of the loop. The all-reduce goes through
+    torch.distributed with ``async_op`` (accelerate's reduce has no asynchronous form): on two
+    CPU processes a blocking one costs ~0.7 ms, 3% of a small model's step.
+    """
+
+    def __init__(self, accelerator: Accelerator, flags: Sequence[bool], purpose: str) -> None:
+        self.purpose = purpose
+        self.flags = [bool(f) for f in flags]
+        self.work = None
+        if accelerator.num_processes > 1:
+            self.tensor = torch.tensor([float(f) for f in flags], device=accelerator.device)
+            HEARTBEAT.collective_entered(f"all_reduce ({purpose}), started")
+            self.work = torch.distributed.all_reduce(self.tensor, async_op=True)
+
+    def result(self) -> list[bool]:
+        if self.work is None:
+            return self.flags
+        HEARTBEAT.collective_entered(f"all_reduce ({self.purpose}), waiting for its result")
+        self.work.wait()
+        return [bool(v > 0) for v in self.tensor.tolist()]
 
 
 def ranks_with(accelerator: Accelerator, flag: bool, purpose: str) -> list[int]:
