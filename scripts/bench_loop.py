@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,7 +33,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from helpers import env as launch_env  # noqa: E402  (tests/helpers.py: the launch commands)
+from helpers import launch_command, records  # noqa: E402
 
 BATCH, PACKING, TRAIN_SIZE = 100, 2, 100_000
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(2**30), "MALLOC_TRIM_THRESHOLD_": str(2**30)}
@@ -165,25 +167,10 @@ def paired(rounds: int, block: int, device: str, result: Path) -> None:
         runtime.end_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def launch(processes: int, args: list[str], torchrun: bool = False) -> None:
-    """``args`` in one process, or under accelerate launch (torchrun for the plain loop)."""
-    if processes == 1:
-        cmd = [sys.executable, *args]
-    elif torchrun:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes), *args]
-    else:
-        cmd = [
-            sys.executable, "-m", "accelerate.commands.launch",
-            "--config_file", str(ROOT / "accelerate_configs" / "8gpu.yaml"),
-            "--num_processes", str(processes), "--main_process_port", str(free_port()), *args,
-        ]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env={**os.environ, **MALLOC_ENV})
+def launch(processes: int, script: Path, args: list[str], launcher: str = "accelerate") -> None:
+    """``script`` in one process, or under the launcher, as the tests launch runs."""
+    cmd = launch_command(args, processes, script, launcher)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env={**launch_env(), **MALLOC_ENV})
     if done.returncode:
         sys.exit(f"bench_loop: {' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
 
@@ -192,18 +179,18 @@ def measure(processes: int, rounds: int, block: int, device: str, alone_steps: i
     with tempfile.TemporaryDirectory() as work:
         work_dir = Path(work)
         common = ["--device", device]
-        launch(processes, [__file__, "--paired", "--rounds", str(rounds), "--block", str(block),
-                           "--result", str(work_dir / "paired.json"), *common])  # fmt: skip
+        here = Path(__file__)
+        launch(processes, here, ["--paired", "--rounds", str(rounds), "--block", str(block),
+                                 "--result", str(work_dir / "paired.json"), *common])  # fmt: skip
         blocks = json.loads((work_dir / "paired.json").read_text())["blocks"]
-        launch(processes, [__file__, "--plain-alone", "--steps", str(alone_steps),
-                           "--result", str(work_dir / "plain.json"), *common], torchrun=True)  # fmt: skip
+        launch(processes, here, ["--plain-alone", "--steps", str(alone_steps),
+                                 "--result", str(work_dir / "plain.json"), *common], launcher="torchrun")  # fmt: skip
         plain_peak = json.loads((work_dir / "plain.json").read_text())["peak_memory_mb"]
         out = work_dir / "trainer"
-        launch(processes, [str(ROOT / "scripts" / "train_stage2.py"),
-                           "--config", str(ROOT / "configs" / "training" / "ring.yaml"), *common,
-                           *[arg for item in ring_overrides(alone_steps, out) for arg in ("--set", item)]])  # fmt: skip
-        train = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-        trainer_peak = next(r for r in train if r["split"] == "train")["peak_memory_mb"]
+        launch(processes, ROOT / "scripts" / "train_stage2.py",
+               ["--config", str(ROOT / "configs" / "training" / "ring.yaml"), *common,
+                *[arg for item in ring_overrides(alone_steps, out) for arg in ("--set", item)]])  # fmt: skip
+        trainer_peak = records(out, "train")[-1]["peak_memory_mb"]
     return {
         "plain_steps_per_s": block / statistics.median(plain for plain, _ in blocks),
         "trainer_steps_per_s": block / statistics.median(trainer for _, trainer in blocks),
@@ -231,7 +218,6 @@ def main() -> None:
     if args.plain_alone:
         plain_alone(args.steps, args.device, args.result)
         return
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     print(f"{args.rounds} rounds of {args.block} steps per loop; ratio = median of per-round ratios")
     print("| processes | plain steps/s | trainer steps/s | trainer / plain | plain peak MB | trainer peak MB |")
     print("|---|---|---|---|---|---|")
