@@ -206,6 +206,14 @@ def test_bad_model_configs_name_file_and_key(tmp_path, capsys, model, message):
     assert str(tmp_path / "generator.yaml") in err[0] and message in err[0], err[0]
 
 
+@pytest.mark.timeout(120)
+def test_a_non_positive_eval_temperature_names_the_key(tmp_path, capsys):
+    config = write_oracle_run(tmp_path, {"task_options": {"eval_temperature": 0.0}})
+    assert main(["--config", str(config), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "key 'task_options.eval_temperature' must be positive" in err[0], err
+
+
 @pytest.mark.timeout(300)
 def test_main_job_runs_both_stages_and_prints_the_table(tmp_path):
     stage1 = write_oracle_run(tmp_path, {"training": {"max_steps": 2}}, "stage1.yaml")
@@ -219,3 +227,51 @@ def test_main_job_runs_both_stages_and_prints_the_table(tmp_path):
         assert (tmp_path / "job" / "stage2" / "final" / role / "config.json").is_file()
     stage2_config = yaml.safe_load((tmp_path / "job" / "stage2" / "config.yaml").read_text())
     assert stage2_config["init"]["generator"] == str(tmp_path / "job" / "stage1" / "best" / "generator")
+
+
+@pytest.mark.timeout(300)
+def test_temperature_frontier_matches_the_eval_and_samples_at_its_temperature(tmp_path):
+    import subprocess
+    import sys
+
+    from trainer.config import load_config
+    from trainer.loop import Trainer
+    from trainer.tasks import load_task
+    from trainer.tasks.sampling import inverse_cdf_sample
+
+    config = write_oracle_run(tmp_path, {"training": {"max_steps": 2}})
+    Trainer(load_config(config), device="cpu").fit()
+    last_eval = records(tmp_path / "out", "eval")[-1]
+    generator_dir = str(tmp_path / "out" / "final" / "generator")
+
+    script = ROOT / "scripts" / "oracle_frontier.py"
+    args = [sys.executable, str(script), generator_dir, "--config", str(config), "--temperatures", "1", "0.5"]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    rows = [line.split() for line in result.stdout.strip().splitlines()[1:]]
+    assert [row[0] for row in rows] == ["1.00", "0.50"]
+    # At temperature 1 the frontier is the run's own final eval of the same weights.
+    assert float(rows[0][1]) == pytest.approx(last_eval["nll_oracle"], abs=1e-4)
+    assert float(rows[0][2]) == pytest.approx(last_eval["nll_test"], abs=1e-4)
+
+    # At 0.5 every generated token is drawn from softmax(logits / 0.5): checked on the first one.
+    task = load_task(load_config(config, generator_config=generator_dir))
+    generator = task.build_generator().eval()
+    batch = task.eval_dataset().__getitems__(list(range(8)))
+    prefix_len = 2
+    with torch.no_grad():
+        outputs = task.generator_eval(generator, batch, 0.5)
+        prompt = torch.cat([torch.full((8, 1), VOCAB), batch["real"][:, :prefix_len]], dim=1)
+        logits = generator(input_ids=prompt).logits[:, -1] / 0.5
+        logits[:, VOCAB] = -float("inf")
+        expected = inverse_cdf_sample(logits, batch["uniforms"][:, prefix_len])
+        assert torch.equal(outputs["sequences"][:, prefix_len], expected)
+        # nll_test at 0.5: the NLL of the real sequences under softmax(logits / 0.5).
+        inputs = torch.cat([torch.full((8, 1), VOCAB), batch["real"][:, :-1]], dim=1)
+        all_logits = generator(input_ids=inputs).logits / 0.5
+        all_logits[..., VOCAB] = -float("inf")
+        nll = -all_logits.log_softmax(-1).gather(2, batch["real"].unsqueeze(2)).squeeze(2).mean(1)
+        assert torch.allclose(outputs["nll_test"], nll, atol=1e-5)
+
+    bad = subprocess.run([*args[:-2], "0"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert bad.returncode == 2 and "argument --temperatures: 0 is not a positive number" in bad.stderr, bad.stderr

@@ -31,6 +31,7 @@ from transformers import (
     AutoModelForSequenceClassification,
     GenerationConfig,
     LogitsProcessorList,
+    TemperatureLogitsWarper,
 )
 
 from trainer import losses
@@ -71,6 +72,10 @@ class OracleTextOptions:
     normalize_advantage: bool = True
     #: generated sequences written to OUTPUT/samples/step-N.txt at each eval
     write_samples: int = 10
+    #: eval: the generator's sampling temperature, also applied to its nll_test (below 1: fewer,
+    #: likelier tokens; scripts/oracle_frontier.py sweeps it to draw the quality-diversity
+    #: trade-off a stage 2 must beat)
+    eval_temperature: float = 1.0
 
 
 def cache_root(configured: str) -> Path:
@@ -127,6 +132,8 @@ class OracleTextTask(Task):
             raise ConfigError(f"{run.source}: key 'data.path': oracle_text samples its data from the oracle")
         if not 0 <= cfg.eval.prefix_len < o.seq_len:
             raise ConfigError(f"{run.source}: key 'eval.prefix_len' must be less than task_options.seq_len")
+        if o.eval_temperature <= 0:
+            raise ConfigError(f"{run.source}: key 'task_options.eval_temperature' must be positive")
         tokens = {"bos_token_id": self.start_id, "pad_token_id": self.start_id, "eos_token_id": None}
         self.generator_hf = build_config(run.generator, run.generator_source, **tokens)
         self.discriminator_hf = build_config(run.discriminator, run.discriminator_source, num_labels=1, **tokens)
@@ -208,9 +215,11 @@ class OracleTextTask(Task):
         return model
 
     # -- sampling and scoring ------------------------------------------------------------------
-    def sample_sequences(self, generator: nn.Module, prefix: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    def sample_sequences(
+        self, generator: nn.Module, prefix: torch.Tensor, uniforms: torch.Tensor, temperature: float = 1.0
+    ) -> torch.Tensor:
         """Sequences of ``seq_len`` tokens: ``prefix`` [batch, p] continued by the generator's
-        ``generate`` (KV cache), token t drawn with ``uniforms[:, t]``."""
+        ``generate`` (KV cache) at ``temperature``, token t drawn with ``uniforms[:, t]``."""
         model = extract_model_from_parallel(generator)
         start = torch.full((prefix.shape[0], 1), self.start_id, dtype=torch.long, device=prefix.device)
         prompt = torch.cat([start, prefix], dim=1)
@@ -222,21 +231,26 @@ class OracleTextTask(Task):
             eos_token_id=None,
             use_cache=True,
         )
-        sampling = InverseCdfSampling(uniforms, prompt.shape[1], [self.start_id])
+        processors = [InverseCdfSampling(uniforms, prompt.shape[1], [self.start_id])]
+        if temperature != 1.0:
+            processors.insert(0, TemperatureLogitsWarper(temperature))
         output = model.generate(
             input_ids=prompt,
             attention_mask=torch.ones_like(prompt),
             generation_config=generation,
-            logits_processor=LogitsProcessorList([sampling]),
+            logits_processor=LogitsProcessorList(processors),
         )
         return output[:, 1:]
 
-    def token_log_probs(self, generator: nn.Module, sequences: torch.Tensor) -> torch.Tensor:
-        """The generator's ``log p(token_t | start, tokens_<t)`` [batch, length], start token excluded."""
+    def token_log_probs(self, generator: nn.Module, sequences: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+        """The generator's ``log p(token_t | start, tokens_<t)`` [batch, length] at ``temperature``,
+        start token excluded."""
         start = torch.full_like(sequences[:, :1], self.start_id)
         inputs = torch.cat([start, sequences[:, :-1]], dim=1)
         # The start token doubles as the padding id: the mask says nothing here is padding.
         logits = generator(input_ids=inputs, attention_mask=torch.ones_like(inputs)).logits.float()
+        if temperature != 1.0:
+            logits = logits / temperature
         banned = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
         banned[self.start_id] = True
         log_p = logits.masked_fill(banned, -float("inf")).log_softmax(-1)
@@ -321,17 +335,25 @@ class OracleTextTask(Task):
         return policy + self.options.mle_weight * nll, parts
 
     # -- eval ------------------------------------------------------------------------------------
-    def eval_outputs(self, generator: nn.Module, discriminator: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+    def generator_eval(self, generator: nn.Module, batch: Any, temperature: float) -> dict[str, torch.Tensor]:
+        """The generator's part of the eval of one batch at ``temperature``: the generated
+        sequences (prefix included) and their ``nll_oracle``, and ``nll_test`` of the real ones."""
         real, prefix_len = batch["real"], self.config.eval.prefix_len
-        tokens = self.sample_sequences(generator, real[:, :prefix_len], batch["uniforms"][:, prefix_len:])
+        tokens = self.sample_sequences(generator, real[:, :prefix_len], batch["uniforms"][:, prefix_len:], temperature)
         oracle = self.oracle.to(real.device)
         return {
             "nll_oracle": -oracle.token_log_probs(tokens)[:, prefix_len:].mean(1),
-            "nll_test": -self.token_log_probs(generator, real).mean(1),
-            "d_real": self.score(discriminator, real).float(),
-            "d_fake": self.score(discriminator, tokens).float(),
-            "generated": tokens[:, prefix_len:],
+            "nll_test": -self.token_log_probs(generator, real, temperature).mean(1),
+            "sequences": tokens,
         }
+
+    def eval_outputs(self, generator: nn.Module, discriminator: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+        outputs = self.generator_eval(generator, batch, self.options.eval_temperature)
+        tokens = outputs.pop("sequences")
+        outputs["d_real"] = self.score(discriminator, batch["real"]).float()
+        outputs["d_fake"] = self.score(discriminator, tokens).float()
+        outputs["generated"] = tokens[:, self.config.eval.prefix_len :]
+        return outputs
 
     #: padding of generated sequences gathered across ranks (not a token id)
     eval_pad_value = -1

@@ -1,0 +1,97 @@
+"""The quality-diversity frontier of an oracle_text generator: its eval at several temperatures.
+
+    python scripts/oracle_frontier.py outputs/oracle/stage1/best/generator
+    python scripts/oracle_frontier.py outputs/bench_oracle/stage1/best/generator \\
+        --oracle ../shared/data/seqgan_oracle.safetensors --temperatures 1 0.9 0.8
+
+Sampling below temperature 1 trades diversity (nll_test rises) for quality (nll_oracle falls)
+with no training at all, so it is the baseline a stage 2 has to beat: a stage-2 generator is
+better than its stage-1 generator only if no temperature of the stage-1 generator reaches its
+nll_oracle at an nll_test as low. Each row is the recipe's own eval (the eval sequences and
+their fixed uniform numbers, `task_options.eval_temperature` set to the row's temperature), on
+one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from trainer.cli import configure_logging, report  # noqa: E402
+from trainer.config import load_config  # noqa: E402
+from trainer.errors import UserError  # noqa: E402
+from trainer.tasks import load_task  # noqa: E402
+
+
+def temperature(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="oracle_frontier", description=__doc__.split("\n\n")[0])
+    p.add_argument("generator", help="a generator's save_pretrained directory, e.g. OUTPUT/stage1/best/generator")
+    p.add_argument("--config", default="configs/training/stage1.yaml", help="the recipe's options, data and eval")
+    p.add_argument("--oracle", help="the oracle's safetensors file (data.oracle_path); default: the seeded oracle")
+    p.add_argument("--temperatures", type=temperature, nargs="+", default=[1.0, 0.95, 0.9, 0.85, 0.8])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=value")
+    return p
+
+
+@torch.no_grad()
+def frontier(generator_dir: str, config: str, overrides: list[str], temperatures: list[float], device: str):
+    """(temperature, nll_oracle, nll_test) of the generator in ``generator_dir``, one per temperature."""
+    run = load_config(config, overrides, generator_config=generator_dir)
+    task = load_task(run)
+    generator = task.build_generator().to(device).eval()
+    loader = torch.utils.data.DataLoader(
+        task.eval_dataset(), batch_size=run.config.eval.batch_size, collate_fn=task.collate
+    )
+    rows = []
+    for temperature in temperatures:
+        totals = {"nll_oracle": 0.0, "nll_test": 0.0}
+        for batch in loader:
+            batch = {name: value.to(device) for name, value in batch.items()}
+            outputs = task.generator_eval(generator, batch, temperature)
+            for name in totals:
+                totals[name] += float(outputs[name].double().sum())
+        count = len(loader.dataset)
+        rows.append((temperature, totals["nll_oracle"] / count, totals["nll_test"] / count))
+    return rows
+
+
+def table(rows: list[tuple[float, float, float]]) -> str:
+    """The frontier as text, each row's change relative to the first row."""
+    _, oracle0, test0 = rows[0]
+    lines = [f"{'temperature':>11} {'nll_oracle':>10} {'nll_test':>10} {'change':>20}"]
+    for temperature, oracle, test in rows:
+        change = f"{100 * (oracle / oracle0 - 1):+.2f}% / {100 * (test / test0 - 1):+.2f}%"
+        lines.append(f"{temperature:11.2f} {oracle:10.4f} {test:10.4f} {change:>20}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    configure_logging()
+    overrides = list(args.overrides)
+    if args.oracle:
+        overrides.append(f"data.oracle_path={args.oracle}")
+    try:
+        rows = frontier(args.generator, args.config, overrides, args.temperatures, args.device)
+    except UserError as exc:
+        return report(exc, "0")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
