@@ -29,6 +29,8 @@ COVERED = {
     "scripts/train_stage2.py --config two_peaks.yaml --device cpu": "tests/test_custom_task.py",
 }
 
+#: run on the stage-1 generator of test_readme_stage1_then_stage2_alone
+FRONTIER = "python scripts/oracle_frontier.py outputs/oracle/stage1/best/generator"
 RING_DEBUG = ["--debug"]
 #: oracle_text at a tiny size: a few steps, a small corpus
 ORACLE_TINY = [
@@ -70,6 +72,7 @@ def test_every_readme_command_is_run_or_covered():
         "python scripts/train_stage2.py --device cpu",
         "python scripts/train_stage2.py --config configs/training/ring.yaml --device cpu --resume latest",
         "python -m pdb scripts/train_stage2.py --config configs/training/ring.yaml --device cpu --debug",
+        FRONTIER,
     }
     unknown = commands - set(COVERED) - set(RUN) - dependent
     assert not unknown, f"README commands neither run nor covered by a test: {sorted(unknown)}"
@@ -120,6 +123,10 @@ def test_readme_stage1_then_stage2_alone(tmp_path):
     init = [f"--set=init.{role}={tmp_path / 'stage1' / 'best' / role}" for role in ("generator", "discriminator")]
     run("python scripts/train_stage2.py --device cpu", *ORACLE_TINY, cache, *init, "--output-dir", str(tmp_path / "s2"))
     assert records(tmp_path / "s2", "eval")[-1]["num_samples"] == 40
+    frontier = run(FRONTIER.replace("outputs/oracle/stage1", str(tmp_path / "stage1")), *ORACLE_TINY, cache)
+    rows = frontier.stdout.strip().splitlines()
+    assert rows[0].split()[:3] == ["temperature", "nll_oracle", "nll_test"]
+    assert [row.split()[0] for row in rows[1:]] == ["1.00", "0.95", "0.90", "0.85", "0.80"]
 
 
 @pytest.mark.timeout(300)
