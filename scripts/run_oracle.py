@@ -50,13 +50,19 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def run_overrides(args: argparse.Namespace) -> list[str]:
+    """The overrides every run of both stages gets: --full's sizes, --set, --oracle."""
+    overrides = [*(FULL_SIZE if args.full else []), *args.overrides]
+    if args.oracle:
+        overrides.append(f"data.oracle_path={args.oracle}")
+    return overrides
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     configure_logging()
     rank = os.environ.get("RANK", "0")
-    overrides = [*(FULL_SIZE if args.full else []), *args.overrides]
-    if args.oracle:
-        overrides.append(f"data.oracle_path={args.oracle}")
+    overrides = run_overrides(args)
     try:
         from trainer.stages import benchmark_goal, fit_pipeline, oracle_table
 

@@ -275,3 +275,24 @@ def test_temperature_frontier_matches_the_eval_and_samples_at_its_temperature(tm
 
     bad = subprocess.run([*args[:-2], "0"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode == 2 and "argument --temperatures: 0 is not a positive number" in bad.stderr, bad.stderr
+
+
+@pytest.mark.timeout(300)
+def test_bench_prints_both_stages_the_goal_and_the_temperature_baseline(tmp_path):
+    from safetensors.torch import save_file
+
+    oracle_file = tmp_path / "oracle.safetensors"
+    save_file(dict(OracleLSTM.seeded(3, VOCAB, 8, 8).named_buffers()), str(oracle_file))
+    stage1 = write_oracle_run(tmp_path, {"training": {"max_steps": 2}}, "stage1.yaml")
+    stage2 = write_oracle_run(tmp_path, {"training": {"max_steps": 2}}, "stage2.yaml")
+    configs = ["--stage1-config", str(stage1), "--stage2-config", str(stage2)]
+    args = [str(oracle_file), *configs, "--output-dir", str(tmp_path / "bench"), "--device", "cpu"]
+    result = launch(args, 1, timeout=240, script=ROOT / "scripts" / "bench_oracle.py")
+    assert result.returncode in (0, 1), result.stderr[-3000:]  # 1: the goal is not met
+    table, _, baseline = result.stdout.partition("the stage-1 generator at lower temperatures (no training):\n")
+    assert "published nll_oracle" in table and "goal " in table
+    rows = [line.split() for line in baseline.strip().splitlines()[1:]]
+    assert [row[0] for row in rows] == ["1.00", "0.90", "0.85", "0.80"]
+    # At temperature 1 the baseline is stage 1's own eval (the table's stage-1 row).
+    stage1_row = next(line for line in table.splitlines() if line.startswith("stage 1")).split()
+    assert rows[0][1:3] == stage1_row[2:4]
