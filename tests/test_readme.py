@@ -23,7 +23,7 @@ COVERED = {
     "--config configs/training/ring.yaml --device cuda": "needs GPUs; tests/test_safety.py runs the doctor on CPUs",
     "python scripts/train_stage2.py --config configs/training/ring.yaml --device cpu "
     "--resume outputs/ring/checkpoints/step-0003000": "tests/test_resume.py resumes from a named checkpoint",
-    "python scripts/bench_oracle.py ../shared/data/seqgan_oracle.safetensors [--full]": "a benchmark (13 minutes "
+    "python scripts/bench_oracle.py ../shared/data/seqgan_oracle.safetensors [--full]": "a benchmark (5 minutes "
     "and more); tests/test_oracle_text.py runs it on a tiny oracle and tiny configs",
     "PYTHONPATH=. accelerate launch --config_file accelerate_configs/8gpu.yaml --num_processes 2 "
     "scripts/train_stage2.py --config two_peaks.yaml --device cpu": "tests/test_custom_task.py",
