@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from trainer.cli import configure_logging, report  # noqa: E402
 from trainer.config import load_config  # noqa: E402
-from trainer.errors import UserError  # noqa: E402
+from trainer.errors import ConfigError, UserError  # noqa: E402
 from trainer.tasks import load_task  # noqa: E402
 
 
@@ -86,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.oracle:
         overrides.append(f"data.oracle_path={args.oracle}")
     try:
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("--device cuda: no GPU is visible to this process")
         rows = frontier(args.generator, args.config, overrides, args.temperatures, args.device)
     except UserError as exc:
         return report(exc, "0")
