@@ -30,6 +30,7 @@ from trainer.tasks import load_task  # noqa: E402
 
 
 def temperature(text: str) -> float:
+    """argparse type of --temperatures: a positive number."""
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text} is not a positive number")
@@ -48,7 +49,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 @torch.no_grad()
-def frontier(generator_dir: str, config: str, overrides: list[str], temperatures: list[float], device: str):
+def frontier(
+    generator_dir: str, config: str, overrides: list[str], temperatures: list[float], device: str
+) -> list[tuple[float, float, float]]:
     """(temperature, nll_oracle, nll_test) of the generator in ``generator_dir``, one per temperature."""
     run = load_config(config, overrides, generator_config=generator_dir)
     task = load_task(run)
