@@ -272,6 +272,11 @@ def test_temperature_frontier_matches_the_eval_and_samples_at_its_temperature(tm
         all_logits[..., VOCAB] = -float("inf")
         nll = -all_logits.log_softmax(-1).gather(2, batch["real"].unsqueeze(2)).squeeze(2).mean(1)
         assert torch.allclose(outputs["nll_test"], nll, atol=1e-5)
+        # A run's eval with task_options.eval_temperature 0.5 scores the same.
+        colder = load_task(load_config(config, {"task_options.eval_temperature": 0.5}, generator_config=generator_dir))
+        evaluated = colder.eval_outputs(generator, colder.build_discriminator().eval(), batch)
+        assert torch.equal(evaluated["nll_test"], outputs["nll_test"])
+        assert torch.equal(evaluated["generated"], outputs["sequences"][:, prefix_len:])
 
     bad = subprocess.run([*args[:-2], "0"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode == 2 and "argument --temperatures: 0 is not a positive number" in bad.stderr, bad.stderr
