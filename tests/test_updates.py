@@ -29,7 +29,10 @@ def initial_models():
 
 def reference():
     """Plain torch: each D step sees all 8 real points (one epoch per D phase, whatever the
-    split into processes and micro-batches) and the fixed latents; each G step the latents."""
+    split into processes and micro-batches) and the fixed latents; each G step the latents.
+
+    Returns the final weights and, per step, the gradient norms of its last D phase (before
+    clipping) and of its G phase."""
     g, d = initial_models()
     opt_g = torch.optim.Adam(g.parameters(), lr=LR_G, betas=(0.5, 0.999))
     opt_d = torch.optim.Adam(d.parameters(), lr=LR_D, betas=(0.5, 0.999))
@@ -37,13 +40,14 @@ def reference():
     sched_d = get_scheduler("linear", opt_d, num_warmup_steps=1, num_training_steps=STEPS * D_STEPS)
     real = sample_mixture("ring", TRAIN_SIZE, SEED)
     z = FIXED_LATENTS[:BATCH]
+    norms = []
     for _ in range(STEPS):
         for _ in range(D_STEPS):
             fake = g(z).detach()
             loss = F.softplus(-d(real)).mean() + F.softplus(d(fake)).mean()
             opt_d.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(d.parameters(), CLIP_D)
+            norm_d = float(torch.nn.utils.clip_grad_norm_(d.parameters(), CLIP_D))
             opt_d.step()
             sched_d.step()
         opt_g.zero_grad()
@@ -52,9 +56,12 @@ def reference():
         F.softplus(-d(g(z))).mean().backward()
         for p in d.parameters():
             p.requires_grad_(True)
+        norms.append(
+            {"grad_norm_d": norm_d, "grad_norm_g": float(torch.nn.utils.get_total_norm(p.grad for p in g.parameters()))}
+        )
         opt_g.step()
         sched_g.step()
-    return g.state_dict(), d.state_dict()
+    return g.state_dict(), d.state_dict(), norms
 
 
 def expected_lr(base, step, total):
@@ -97,7 +104,7 @@ def test_updates_equal_reference(tmp_path, processes):
     config = write_reference_run(tmp_path, accumulation)
     check(launch(["--config", str(config), "--device", "cpu"], processes))
     out = tmp_path / "out"
-    ref_g, ref_d = reference()
+    ref_g, ref_d, _ = reference()
     got_g = load_file(out / "final" / "generator" / "model.safetensors")
     got_d = load_file(out / "final" / "discriminator" / "model.safetensors")
     initial_g, _ = initial_models()
@@ -120,6 +127,19 @@ def test_updates_equal_reference(tmp_path, processes):
     state = json.loads((out / "checkpoints" / "step-0000003" / "trainer_state.json").read_text())
     batches_per_epoch = TRAIN_SIZE // (BATCH * processes)
     assert state["epoch"] * batches_per_epoch + state["position"] == STEPS * D_STEPS * accumulation
+
+
+@pytest.mark.timeout(120)
+def test_logged_gradient_norms_are_those_of_the_log_step(tmp_path):
+    # Logging every 2 steps: G (not clipped) computes its norm at log steps only, D (clipped)
+    # at every step; both must be the norms of step 2's gradients, not of an earlier step.
+    config = write_reference_run(tmp_path, 4)
+    Trainer(load_config(config, {"training.log_every": 2}), device="cpu").fit()
+    (logged,) = records(tmp_path / "out", "train")
+    assert logged["step"] == 2
+    expected = reference()[2][1]
+    for key in ("grad_norm_d", "grad_norm_g"):
+        assert logged[key] == pytest.approx(expected[key], rel=1e-5), key
 
 
 @pytest.mark.timeout(120)
