@@ -324,7 +324,7 @@ class Trainer:
         if phase.max_grad_norm > 0:
             phase.grad_norm = float(torch.nn.utils.clip_grad_norm_(params, phase.max_grad_norm))
             finite = math.isfinite(phase.grad_norm)
-        elif (self.state.step + 1) % self.config.training.log_every == 0:  # the norm is logged
+        elif self._logs_at(self.state.step + 1):  # the norm is logged
             phase.grad_norm = float(torch.nn.utils.get_total_norm([p.grad for p in params]))
             finite = math.isfinite(phase.grad_norm)
         else:
@@ -547,7 +547,7 @@ class Trainer:
             state.epoch, state.position = self.stream.epoch, self.stream.position
             bar.update(1)
             time_up, signalled = stop.result()
-            if state.step % t.log_every == 0:
+            if self._logs_at(state.step):
                 elapsed = time.monotonic() - window_start
                 self._log_train(state.step - window_step, elapsed)
                 window_start, window_step = time.monotonic(), state.step
@@ -565,6 +565,11 @@ class Trainer:
         return last_eval
 
     # -- log, eval, save ---------------------------------------------------------------------
+    def _logs_at(self, step: int) -> bool:
+        """Whether step ``step`` (counted from 1) ends with a train log: a function of the step
+        alone, the same on every rank (the log all-reduces the losses)."""
+        return step % self.config.training.log_every == 0
+
     def _log_train(self, steps: int, elapsed: float) -> None:
         """Mean losses over the window, averaged over ranks (one reduce at a log step).
 
