@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,6 +107,11 @@ class FaultOptions(GaussianMixtureOptions):
     step_sleep_s: float = 0.0
     #: on this D-loss call, rank 0 alone enters an all_reduce (0: never)
     rogue_collective_call: int = 0
+    #: on this D-loss call, rank ``kill_rank`` kills itself with SIGKILL, once per job: it first
+    #: creates the file ``kill_marker``, and a process that finds it there does not kill itself
+    kill_call: int = 0
+    kill_rank: int = -1
+    kill_marker: str = ""
 
 
 class Faults(GaussianMixtureTask):
@@ -124,6 +130,9 @@ class Faults(GaussianMixtureTask):
             time.sleep(o.step_sleep_s)
         if rank == 0 and Faults.calls == o.rogue_collective_call:
             torch.distributed.all_reduce(torch.ones(3))
+        if rank == o.kill_rank and Faults.calls == o.kill_call and not Path(o.kill_marker).exists():
+            Path(o.kill_marker).write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
         loss, parts = super().discriminator_loss(discriminator, real, fake, rng, penalties)
         if rank == o.nan_rank and o.nan_first_call <= Faults.calls <= o.nan_last_call:
             loss = loss * float("nan")

@@ -79,14 +79,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch_command(args: list[str], processes: int, script: Path = SCRIPT, launcher: str = "accelerate") -> list[str]:
+def launch_command(
+    args: list[str], processes: int, script: Path = SCRIPT, launcher: str = "accelerate", max_restarts: int = 0
+) -> list[str]:
     """The command that runs the script in 1 process (plain python) or N (accelerate launch
-    with the 8gpu config, or torchrun)."""
-    if processes == 1:
+    with the 8gpu config, or torchrun). With ``max_restarts`` the launcher restarts every
+    worker after a failure, up to that many times (even for 1 process)."""
+    if processes == 1 and not max_restarts:
         cmd = [sys.executable, str(script), *args]
     elif launcher == "torchrun":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
-        cmd += [str(script), *args]
+        cmd += ["--max-restarts", str(max_restarts), str(script), *args]
     else:
         cmd = [
             sys.executable,
@@ -98,6 +101,8 @@ def launch_command(args: list[str], processes: int, script: Path = SCRIPT, launc
             str(processes),
             "--main_process_port",
             str(free_port()),
+            "--max_restarts",
+            str(max_restarts),
         ]
         cmd += [str(script), *args]
     return cmd

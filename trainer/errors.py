@@ -40,3 +40,9 @@ class NonFiniteError(UserError):
     """Training produced non-finite gradients and the policy (or the bound on skips) says stop."""
 
     exit_code = 3
+
+
+class StartupError(UserError):
+    """The process group could not form (a peer or the launcher's store unreachable)."""
+
+    exit_code = 1

@@ -21,6 +21,7 @@ from accelerate.utils import GradientAccumulationPlugin, broadcast_object_list, 
 
 from trainer.config import Config
 from trainer.errors import ConfigError, UserError
+from trainer.process_group import join_elastic_round, startup_bound
 from trainer.watchdog import HEARTBEAT
 
 logger = get_logger("trainer")
@@ -63,7 +64,18 @@ def build_accelerator(
     # A previous run in this process (a notebook, a test) leaves accelerate's singletons set.
     AcceleratorState._reset_state()
     GradientState._reset_state()
-    accelerator = Accelerator(
+    with startup_bound(cfg.distributed.timeout_s):
+        join_elastic_round(cpu, cfg.distributed.timeout_s)
+        accelerator = make_accelerator(cfg, cpu, project_dir, log_with)
+    if scaler is not None:
+        accelerator.scaler = scaler
+    check_world(accelerator)
+    return accelerator
+
+
+def make_accelerator(cfg: Config, cpu: bool, project_dir: str | None, log_with: Sequence[str] | None) -> Accelerator:
+    """The Accelerator of a run (it forms the process group unless one exists)."""
+    return Accelerator(
         cpu=cpu,
         mixed_precision=cfg.training.mixed_precision or None,
         gradient_accumulation_plugin=GradientAccumulationPlugin(
@@ -79,10 +91,6 @@ def build_accelerator(
         log_with=list(log_with) if log_with else None,
         project_dir=project_dir,
     )
-    if scaler is not None:
-        accelerator.scaler = scaler
-    check_world(accelerator)
-    return accelerator
 
 
 def release_accelerator() -> None:

@@ -1,0 +1,47 @@
+"""Start-up is bounded: a worker that cannot form the process group ends with one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers import SCRIPT, env, free_port, write_run
+
+TIMEOUT_S = 6
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_with_a_wrong_master_port_ends_every_rank_within_the_timeout(tmp_path):
+    # Two workers started by hand as a launcher would start them; rank 1 is told a port on
+    # which nobody listens, so neither can form the group.
+    config = write_run(tmp_path, {"distributed": {"timeout_s": TIMEOUT_S}})
+    good, wrong = free_port(), free_port()
+    procs = []
+    start = time.monotonic()
+    for rank, port in ((0, good), (1, wrong)):
+        worker_env = env() | {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        cmd = [sys.executable, str(SCRIPT), "--config", str(config), "--device", "cpu"]
+        procs.append(subprocess.Popen(cmd, env=worker_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = [proc.communicate(timeout=TIMEOUT_S + 60) for proc in procs]
+    elapsed = time.monotonic() - start
+    for rank, (proc, (_, stderr)) in enumerate(zip(procs, outputs, strict=True)):
+        lines = [line for line in stderr.splitlines() if line.startswith("error (rank")]
+        assert proc.returncode != 0, stderr[-2000:]
+        assert len(lines) == 1, stderr[-3000:]
+        # torch's own timeout (a DistError) or, past it, the start-up bound: either names the
+        # rank, the step of start-up and the store's address
+        assert lines[0].startswith(f"error (rank {rank}): "), lines
+        assert "could not form the process group" in lines[0] or "start-up did not finish" in lines[0], lines
+        assert f"127.0.0.1:{(good, wrong)[rank]}" in lines[0]
+        assert "Traceback" not in stderr
+    # imports take a few seconds of the budget
+    assert elapsed <= TIMEOUT_S + 10 + 10, elapsed
