@@ -135,36 +135,39 @@ def paired(rounds: int, block: int, device: str, result: Path) -> None:
     from trainer.config import load_config
     from trainer.loop import Trainer
 
-    with tempfile.TemporaryDirectory() as work:
-        ring = ROOT / "configs" / "training" / "ring.yaml"
-        trainer = Trainer(load_config(ring, overrides=ring_overrides(rounds * block + 1, Path(work))), device)
-        # The bench drives the trainer's set-up and step loop itself, to interleave the blocks.
-        trainer._build_accelerator()
-        acc = trainer.accelerator
-        with trainer.watchdog, trainer._stop_signals():
-            trainer._setup()
-            data = trainer.train_loader.dataset.columns["points"]
-            plain = PlainLoop(
-                trainer.g.model, trainer.d.model, trainer.g.optimizer.optimizer, trainer.d.optimizer.optimizer,
-                data, acc.process_index, acc.num_processes, acc.device,
-            )  # fmt: skip
-            bar = tqdm(disable=True)
+    # One output directory for every rank (beside the result file): the trainer checks that
+    # every rank sees the same one.
+    run_dir = result.parent / "paired-run"
+    ring = ROOT / "configs" / "training" / "ring.yaml"
+    overrides = ring_overrides(rounds * block + 1, run_dir)
+    trainer = Trainer(load_config(ring, overrides=overrides), device, overwrite=True)
+    # The bench drives the trainer's set-up and step loop itself, to interleave the blocks.
+    trainer._build_accelerator()
+    acc = trainer.accelerator
+    with trainer.watchdog, trainer._stop_signals():
+        trainer._setup()
+        data = trainer.train_loader.dataset.columns["points"]
+        plain = PlainLoop(
+            trainer.g.model, trainer.d.model, trainer.g.optimizer.optimizer, trainer.d.optimizer.optimizer,
+            data, acc.process_index, acc.num_processes, acc.device,
+        )  # fmt: skip
+        bar = tqdm(disable=True)
 
-            def timed(work: Callable[[], object]) -> float:
-                start = time.perf_counter()
-                work()
-                if acc.device.type == "cuda":
-                    torch.cuda.synchronize()
-                return time.perf_counter() - start
+        def timed(work: Callable[[], object]) -> float:
+            start = time.perf_counter()
+            work()
+            if acc.device.type == "cuda":
+                torch.cuda.synchronize()
+            return time.perf_counter() - start
 
-            def trainer_block() -> None:
-                trainer._train_steps(bar, until=trainer.state.step + block)
+        def trainer_block() -> None:
+            trainer._train_steps(bar, until=trainer.state.step + block)
 
-            blocks = [(timed(lambda: plain.steps(block)), timed(trainer_block)) for _ in range(rounds)]
-        if acc.is_main_process:
-            result.write_text(json.dumps({"blocks": blocks}))
-        runtime.release_accelerator()
-        runtime.end_process_group()
+        blocks = [(timed(lambda: plain.steps(block)), timed(trainer_block)) for _ in range(rounds)]
+    if acc.is_main_process:
+        result.write_text(json.dumps({"blocks": blocks}))
+    runtime.release_accelerator()
+    runtime.end_process_group()
 
 
 def launch(processes: int, script: Path, args: list[str], launcher: str = "accelerate") -> None:

@@ -45,6 +45,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--full", action="store_true", help="the SeqGAN-size benchmark instead of the small default")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--resume", metavar="latest", help="continue an interrupted pipeline")
+    p.add_argument("--overwrite", action="store_true", help="replace the runs of an earlier pipeline in --output-dir")
     p.add_argument("--goal", action="store_true", help="exit 1 unless stage 2 meets the benchmark goal")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=value")
     return p
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         from trainer.stages import benchmark_goal, fit_pipeline, oracle_table
 
         result = fit_pipeline(
-            args.stage1_config, args.stage2_config, args.output_dir, overrides, args.device, args.resume
+            args.stage1_config, args.stage2_config, args.output_dir, overrides, args.device, args.resume, args.overwrite
         )
     except UserError as exc:
         return report(exc, rank)

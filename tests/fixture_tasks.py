@@ -112,6 +112,24 @@ class FaultOptions(GaussianMixtureOptions):
     kill_call: int = 0
     kill_rank: int = -1
     kill_marker: str = ""
+    #: the task method that raises ``raise_error`` on rank ``raise_rank`` at its
+    #: ``raise_call``-th call: train_dataset, generate, eval_outputs or on_eval ("": none)
+    raise_in: str = ""
+    raise_rank: int = 0
+    raise_call: int = 1
+    raise_error: str = "RuntimeError"
+    #: the main process sleeps this long before each rename of a checkpoint or a weights
+    #: directory (a slow shared filesystem), while the other ranks wait
+    slow_rename_s: float = 0.0
+    #: on this D-loss call, each rank sends itself SIGTERM (0: never)
+    sigterm_call: int = 0
+
+
+ERRORS = {
+    "RuntimeError": RuntimeError,
+    "OSError": OSError,
+    "OutOfMemoryError": torch.OutOfMemoryError,
+}
 
 
 class Faults(GaussianMixtureTask):
@@ -119,6 +137,38 @@ class Faults(GaussianMixtureTask):
 
     Options = FaultOptions
     calls = 0
+    method_calls: dict[str, int] = {}
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.options.slow_rename_s and not getattr(Path, "_slowed", False):
+            rename, delay = Path.rename, self.options.slow_rename_s
+
+            def slow_rename(path, target):
+                if torch.distributed.is_initialized() and torch.distributed.get_rank() == 0:
+                    time.sleep(delay)
+                return rename(path, target)
+
+            Path.rename, Path._slowed = slow_rename, True
+
+    def _maybe_raise(self, method: str) -> None:
+        o = self.options
+        Faults.method_calls[method] = Faults.method_calls.get(method, 0) + 1
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        if o.raise_in == method and rank == o.raise_rank and Faults.method_calls[method] == o.raise_call:
+            raise ERRORS[o.raise_error](f"injected in {method} on rank {rank}")
+
+    def train_dataset(self):
+        self._maybe_raise("train_dataset")
+        return super().train_dataset()
+
+    def generate(self, generator, num, rng, batch=None):
+        self._maybe_raise("generate")
+        return super().generate(generator, num, rng, batch)
+
+    def on_eval(self, step, outputs, output_dir, trackers):
+        self._maybe_raise("on_eval")
+        return super().on_eval(step, outputs, output_dir, trackers)
 
     def discriminator_loss(self, discriminator, real, fake, rng, penalties):
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
@@ -130,6 +180,8 @@ class Faults(GaussianMixtureTask):
             time.sleep(o.step_sleep_s)
         if rank == 0 and Faults.calls == o.rogue_collective_call:
             torch.distributed.all_reduce(torch.ones(3))
+        if Faults.calls == o.sigterm_call:
+            os.kill(os.getpid(), signal.SIGTERM)
         if rank == o.kill_rank and Faults.calls == o.kill_call and not Path(o.kill_marker).exists():
             Path(o.kill_marker).write_text(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGKILL)
@@ -139,6 +191,7 @@ class Faults(GaussianMixtureTask):
         return loss, parts
 
     def eval_outputs(self, generator, discriminator, batch):
+        self._maybe_raise("eval_outputs")
         outputs = super().eval_outputs(generator, discriminator, batch)
         checksum = sum(p.double().sum() for p in [*generator.parameters(), *discriminator.parameters()])
         outputs["checksum"] = checksum.expand(len(batch["real"])).clone()

@@ -22,8 +22,11 @@ def test_importing_the_package_loads_no_heavy_library():
 def test_two_fits_in_one_process_then_evaluate_alone(tmp_path):
     config = write_run(tmp_path, {"training": {"max_steps": 4, "save_every": 4}})
     first = Trainer(load_config(config, {"training.seed": 1}), device="cpu").fit()
-    # A second run in the same process (a re-run notebook cell) starts clean.
-    metrics = Trainer(load_config(config), device="cpu").fit()
+    # A second run in the same process (a re-run notebook cell) starts clean; the first run's
+    # checkpoints make it refuse the directory unless told to replace that run.
+    with pytest.raises(CheckpointError, match="--overwrite"):
+        Trainer(load_config(config), device="cpu").fit()
+    metrics = Trainer(load_config(config), device="cpu", overwrite=True).fit()
     assert set(first) == set(metrics)
     assert records(tmp_path / "out", "eval")[-1]["num_samples"] == 10
     written = (tmp_path / "out" / "metrics.jsonl").read_text()

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from trainer.config import load_config
 from trainer.errors import UserError
-from trainer.runtime import check_world
+from trainer.runtime import check_supported, check_world
 
 
 @pytest.mark.timeout(300)
@@ -95,3 +95,17 @@ def test_world_size_disagreeing_with_the_launcher_is_an_error(monkeypatch):
     monkeypatch.setenv("RANK", "1")
     with pytest.raises(UserError, match="rank 1: the launcher started 2 processes but this one sees a world of 1"):
         check_world(OneProcessWorld())
+
+
+@pytest.mark.parametrize("kind", [DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM])
+def test_sharded_backends_are_refused_before_training(kind):
+    class ShardedWorld:
+        process_index = 3
+        distributed_type = kind
+
+    with pytest.raises(UserError, match=f"rank 3: accelerate's distributed type {kind.value} is not supported") as info:
+        check_supported(ShardedWorld())
+    assert info.value.agreed
+    for plain in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
+        ShardedWorld.distributed_type = plain
+        check_supported(ShardedWorld())

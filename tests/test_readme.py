@@ -25,6 +25,12 @@ COVERED = {
     "--resume outputs/ring/checkpoints/step-0003000": "tests/test_resume.py resumes from a named checkpoint",
     "python scripts/bench_oracle.py ../shared/data/seqgan_oracle.safetensors [--full]": "a benchmark (5 minutes "
     "and more); tests/test_oracle_text.py runs it on a tiny oracle and tiny configs",
+    "torchrun --standalone --nproc_per_node 8 --max-restarts 3 scripts/train_stage2.py "
+    "--config configs/training/ring.yaml --device cuda --resume latest": "needs GPUs; scripts/fault_matrix.py "
+    "(restart_torchrun, run by tests/test_faults.py) restarts the same command on CPUs",
+    "accelerate launch --config_file accelerate_configs/8gpu.yaml --max_restarts 3 scripts/train_stage2.py "
+    "--config configs/training/ring.yaml --device cuda --resume latest": "needs GPUs; scripts/fault_matrix.py "
+    "(restart_accelerate, run by tests/test_faults.py) restarts the same command on CPUs",
     "PYTHONPATH=. accelerate launch --config_file accelerate_configs/8gpu.yaml --num_processes 2 "
     "scripts/train_stage2.py --config two_peaks.yaml --device cpu": "tests/test_custom_task.py",
 }

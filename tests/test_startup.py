@@ -12,25 +12,28 @@ from helpers import SCRIPT, env, free_port, write_run
 TIMEOUT_S = 6
 
 
+def start_worker(config, rank: int, port: int, cwd=None) -> subprocess.Popen:
+    """One of two workers started by hand, with the environment a launcher would give it."""
+    worker_env = env() | {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": "2",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+    cmd = [sys.executable, str(SCRIPT), "--config", str(config), "--device", "cpu"]
+    return subprocess.Popen(cmd, env=worker_env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 @pytest.mark.timeout(120)
 def test_a_rank_with_a_wrong_master_port_ends_every_rank_within_the_timeout(tmp_path):
     # Two workers started by hand as a launcher would start them; rank 1 is told a port on
     # which nobody listens, so neither can form the group.
     config = write_run(tmp_path, {"distributed": {"timeout_s": TIMEOUT_S}})
     good, wrong = free_port(), free_port()
-    procs = []
     start = time.monotonic()
-    for rank, port in ((0, good), (1, wrong)):
-        worker_env = env() | {
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": "2",
-            "LOCAL_WORLD_SIZE": "2",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-        }
-        cmd = [sys.executable, str(SCRIPT), "--config", str(config), "--device", "cpu"]
-        procs.append(subprocess.Popen(cmd, env=worker_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    procs = [start_worker(config, rank, port) for rank, port in ((0, good), (1, wrong))]
     outputs = [proc.communicate(timeout=TIMEOUT_S + 60) for proc in procs]
     elapsed = time.monotonic() - start
     for rank, (proc, (_, stderr)) in enumerate(zip(procs, outputs, strict=True)):
@@ -45,3 +48,24 @@ def test_a_rank_with_a_wrong_master_port_ends_every_rank_within_the_timeout(tmp_
         assert "Traceback" not in stderr
     # imports take a few seconds of the budget
     assert elapsed <= TIMEOUT_S + 10 + 10, elapsed
+
+
+@pytest.mark.timeout(120)
+def test_an_output_directory_not_shared_by_every_rank_is_refused(tmp_path):
+    # Two workers in different working directories with a relative output_dir: as two nodes
+    # each with its own local disk, they write to different directories.
+    config = write_run(tmp_path, {"output_dir": "out"})
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        (tmp_path / f"node{rank}").mkdir()
+        procs.append(start_worker(config, rank, port, cwd=tmp_path / f"node{rank}"))
+    outputs = [proc.communicate(timeout=90) for proc in procs]
+    for rank, (proc, (_, stderr)) in enumerate(zip(procs, outputs, strict=True)):
+        lines = [line for line in stderr.splitlines() if line.startswith("error (rank")]
+        assert proc.returncode == 2, stderr[-3000:]
+        assert len(lines) == 1, stderr[-3000:]
+        assert lines[0].startswith(f"error (rank {rank}): out: rank(s) 1 do not see"), lines
+        assert "shared" in lines[0]
+    assert not (tmp_path / "node1" / "out" / "checkpoints").exists()
+    assert list((tmp_path / "node0" / "out").glob(".shared-check-*")) == []

@@ -25,14 +25,16 @@ from trainer.loop import Trainer
 from trainer.runtime import end_process_group, release_accelerator
 
 
-def _fit_in_each_process(run: RunConfig, device: str, resume: str | None) -> None:
+def _fit_in_each_process(run: RunConfig, device: str, resume: str | None, overwrite: bool) -> None:
     """What every launched process runs: the trainer, ended with one error line on bad input."""
-    from trainer.cli import report
+    from trainer.cli import failure_status, report
 
     try:
-        Trainer(run, device=device, resume=resume).fit()
+        Trainer(run, device=device, resume=resume, overwrite=overwrite).fit()
     except UserError as exc:
         raise SystemExit(report(exc, os.environ.get("RANK", "0"))) from None
+    except Exception as exc:
+        raise SystemExit(failure_status(exc)) from None
     finally:
         end_process_group()
 
@@ -44,12 +46,14 @@ def launch(
     device: str = "auto",
     resume: str | None = None,
     args: tuple[Any, ...] = (),
+    overwrite: bool = False,
 ) -> dict[str, Any] | None:
     """Run ``target`` in ``num_processes`` processes through accelerate's ``notebook_launcher``.
 
     ``target`` is a function (called in every process with ``args``), or a training config
     (a path, with ``overrides``, or a :class:`RunConfig`): then every process trains it, as
-    ``accelerate launch`` would, and the last eval record of ``metrics.jsonl`` is returned.
+    ``accelerate launch`` would, and the last eval record of ``metrics.jsonl`` is returned
+    (``resume`` and ``overwrite`` as for :class:`Trainer`).
     On a machine without GPUs the processes are CPU processes over gloo.
     """
     from accelerate import notebook_launcher
@@ -58,7 +62,7 @@ def launch(
         function, function_args, run = target, args, None
     else:
         run = target if isinstance(target, RunConfig) else load_config(target, overrides)
-        function, function_args = _fit_in_each_process, (run, device, resume)
+        function, function_args = _fit_in_each_process, (run, device, resume, overwrite)
     release_accelerator()  # whatever an earlier cell left behind would stop the launcher
     notebook_launcher(function, function_args, num_processes=num_processes)
     if run is None:

@@ -7,6 +7,7 @@ checkpoint directory appears under its final name only once every rank has writt
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import re
 import shutil
@@ -20,6 +21,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from trainer.config import Config
 from trainer.errors import CheckpointError
 from trainer.watchdog import HEARTBEAT
 
@@ -44,6 +46,38 @@ class TrainState:
     consecutive_skips_g: int = 0
     best_value: float | None = None
     best_step: int | None = None
+    #: names the run that wrote a checkpoint: pruning removes only this run's checkpoints
+    run_id: str = ""
+
+
+#: what a checkpoint's run must share with the run that resumes it: accelerate's accumulation
+#: counter, the data position and each rank's noise generator only mean the same thing then
+SHAPE_KEYS = ("training.batch_size", "training.gradient_accumulation_steps", "training.d_steps_per_g_step")
+
+
+def run_shape(config: Config, processes: int) -> dict[str, int]:
+    """The values of ``SHAPE_KEYS`` and the number of processes, as a checkpoint records them."""
+    t = config.training
+    values = (t.batch_size, t.gradient_accumulation_steps, t.d_steps_per_g_step)
+    return {"processes": processes, **dict(zip(SHAPE_KEYS, values, strict=True))}
+
+
+def check_shape(path: Path, written: dict[str, int] | None, current: dict[str, int]) -> None:
+    """A CheckpointError naming the first value that differs between the run that wrote the
+    checkpoint at ``path`` and this one (checkpoints from before the record are not checked)."""
+    if written is None:
+        return
+    if written.get("processes") != current["processes"]:
+        raise CheckpointError(
+            f"{path}: written by {written.get('processes')} process(es), this run has {current['processes']}; "
+            "exact resume needs each rank's data position and noise: resume with the same number of processes"
+        )
+    for key in SHAPE_KEYS:
+        if written.get(key) != current[key]:
+            raise CheckpointError(
+                f"{path}: written with {key}={written.get(key)}, this run has {current[key]}; resume with the "
+                "same value, or start a new run in another --output-dir"
+            )
 
 
 LEGACY_SUFFIXES = (".pt", ".pth", ".bin")
@@ -106,7 +140,11 @@ def read_state_dict(path: str | Path, role: str) -> tuple[Path, dict[str, torch.
 def load_weights(model: nn.Module, path: str | Path, role: str) -> None:
     """Load a state dict into ``model`` from a safetensors (or legacy) file, on the CPU."""
     file, state = read_state_dict(path, role)
-    result = model.load_state_dict(state, strict=False)
+    try:
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # tensors of another shape: bad input, the same on every rank
+        mismatch = next((line.strip() for line in str(exc).splitlines() if "size mismatch" in line), str(exc))
+        raise CheckpointError(f"{file}: {role} weights do not fit the model: {mismatch[:300]}") from None
     problems = []
     if result.missing_keys:
         problems.append(f"missing {', '.join(result.missing_keys[:5])}")
@@ -139,8 +177,64 @@ def resolve_resume(resume: str, output_dir: Path) -> Path | None:
     return path
 
 
+def fsync_tree(root: Path) -> None:
+    """Flush every file under ``root`` and every directory of it (``root`` included) to disk,
+    so that a rename that follows publishes data that a crash cannot take back."""
+    for path in sorted(root.rglob("*"), key=lambda p: len(p.parts), reverse=True) + [root]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Flush a directory's entries (a rename in it) to disk."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def run_id_of(checkpoint: Path) -> str | None:
+    """The run id a checkpoint records (None when it cannot be read)."""
+    try:
+        return json.loads((checkpoint / STATE_NAME).read_text()).get("run_id", "")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def stale_checkpoints(output_dir: Path, run_id: str, keep: int, just_written: Path) -> list[Path]:
+    """The checkpoints of run ``run_id`` beyond the newest ``keep``, oldest first; the one just
+    written always counts as kept, and other runs' checkpoints are never listed."""
+    own = [path for _, path in checkpoints(output_dir) if path != just_written and run_id_of(path) == run_id]
+    return own[: max(0, len(own) - (keep - 1))]
+
+
+def claim_output_dir(output_dir: Path, overwrite: bool) -> None:
+    """Make ``output_dir`` this fresh run's: refuse it when it holds checkpoints of an earlier
+    run, or with ``overwrite`` delete that run's checkpoints, records and weights first."""
+    found = checkpoints(output_dir)
+    if found and not overwrite:
+        raise CheckpointError(
+            f"{output_dir}: holds checkpoints of an earlier run ({found[0][1].name} to {found[-1][1].name}); "
+            "continue it with --resume latest, start a new run with another --output-dir, or replace it "
+            "with --overwrite"
+        )
+    if overwrite:
+        for name in ("checkpoints", "best", "final"):
+            shutil.rmtree(output_dir / name, ignore_errors=True)
+        (output_dir / "metrics.jsonl").unlink(missing_ok=True)
+
+
 def save_checkpoint(
-    accelerator: Accelerator, output_dir: Path, state: TrainState, rank_state: dict[str, torch.Tensor], keep: int
+    accelerator: Accelerator,
+    output_dir: Path,
+    state: TrainState,
+    rank_state: dict[str, torch.Tensor],
+    keep: int,
+    shape: dict[str, int],
 ) -> Path:
     """Write the full training state to ``checkpoints/step-NNNNNNN`` on every rank.
 
@@ -157,22 +251,33 @@ def save_checkpoint(
     accelerator.save_state(str(partial))
     save_file(rank_state, str(partial / f"rank_state_{accelerator.process_index}.safetensors"))
     if accelerator.is_main_process:
-        (partial / STATE_NAME).write_text(json.dumps(asdict(state), indent=1))
+        (partial / STATE_NAME).write_text(json.dumps({**asdict(state), "shape": shape}, indent=1))
     HEARTBEAT.collective_entered("barrier after the checkpoint write")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        fsync_tree(partial)  # every rank's files, before the rename makes them the checkpoint
         if final.exists():
             shutil.rmtree(final)
         partial.rename(final)
-        for _, old in checkpoints(output_dir)[:-keep]:
+        fsync_dir(root)
+        for old in stale_checkpoints(output_dir, state.run_id, keep, final):
             shutil.rmtree(old, ignore_errors=True)
+    # Every rank leaves once the checkpoint has its final name (the callers' long-work bound
+    # covers the wait for the main process's rename and pruning).
+    HEARTBEAT.collective_entered("barrier after the checkpoint rename")
+    accelerator.wait_for_everyone()
     return final
 
 
-def load_checkpoint(accelerator: Accelerator, path: Path) -> tuple[TrainState, dict[str, torch.Tensor]]:
-    """Restore the state ``save_checkpoint`` wrote; returns the counters and this rank's state."""
+def load_checkpoint(
+    accelerator: Accelerator, path: Path, shape: dict[str, int]
+) -> tuple[TrainState, dict[str, torch.Tensor]]:
+    """Restore the state ``save_checkpoint`` wrote, for a run of this ``shape``; returns the
+    counters and this rank's state."""
     try:
-        state = TrainState(**json.loads((path / STATE_NAME).read_text()))
+        recorded = json.loads((path / STATE_NAME).read_text())
+        check_shape(path, recorded.pop("shape", None), shape)
+        state = TrainState(**recorded)
         accelerator.load_state(str(path))
         rank_file = path / f"rank_state_{accelerator.process_index}.safetensors"
         if not rank_file.is_file():
@@ -205,4 +310,6 @@ def export_model(accelerator: Accelerator, model: nn.Module, directory: Path) ->
         save_file({k: v.contiguous() for k, v in state.items()}, str(partial / WEIGHTS_NAME))
     if directory.exists():
         shutil.rmtree(directory)
+    fsync_tree(partial)
     partial.rename(directory)
+    fsync_dir(directory.parent)

@@ -32,10 +32,16 @@ def parser(stage: int = 2) -> argparse.ArgumentParser:
     p.add_argument("--output-dir", help="where outputs go (overrides output_dir)")
     p.add_argument("--resume", metavar="latest|PATH", help="continue from a checkpoint")
     p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start anew in an output directory that holds an earlier run: its checkpoints, "
+        "metrics.jsonl, best/ and final/ are deleted first",
+    )
+    p.add_argument(
         "--debug",
         action="store_true",
         help="a run to step through: 4 steps, eval and save at step 2, no watchdog, workers 0, "
-        "autograd anomaly detection, outputs in OUTPUT-debug (--set still overrides)",
+        "autograd anomaly detection, outputs in OUTPUT-debug, replaced at each run (--set still overrides)",
     )
     p.add_argument(
         "--set",
@@ -83,12 +89,14 @@ def run_stage(args: argparse.Namespace, stage: int) -> int:
 
         flags = (args.config, args.overrides, args.generator_config, args.discriminator_config, args.output_dir)
         if stage == 1:
-            result = fit_stage1(*flags, args.device, args.resume)
+            result = fit_stage1(*flags, args.device, args.resume, args.overwrite)
             metrics, stopped = result.metrics, result.stopped
         else:
-            metrics, stopped = fit_run(*flags, args.device, args.resume)
+            metrics, stopped = fit_run(*flags, args.device, args.resume, args.overwrite)
     except UserError as exc:
         return report(exc, rank)
+    except Exception as exc:
+        return failure_status(exc)
     if rank == "0":
         if stopped:
             print(f"stopped by {stopped} after saving a checkpoint; continue with --resume latest")
@@ -110,7 +118,7 @@ def configure_logging() -> None:
 
 def debug_arguments(args: argparse.Namespace) -> None:
     """--debug: anomaly detection on, the DEBUG_OVERRIDES before the user's, outputs beside
-    the configured directory (OUTPUT-debug) unless one is given."""
+    the configured directory (OUTPUT-debug, replaced by each debug run) unless one is given."""
     import torch
 
     from trainer.config import Config, override_mapping
@@ -118,6 +126,7 @@ def debug_arguments(args: argparse.Namespace) -> None:
 
     torch.autograd.set_detect_anomaly(True)
     args.overrides = [*DEBUG_OVERRIDES, *args.overrides]
+    args.overwrite = args.overwrite or not args.resume
     overridden = override_mapping(args.overrides).get("output_dir")
     if args.output_dir is None:
         configured = overridden or read_yaml(args.config, "training config").get("output_dir", Config.output_dir)
@@ -125,7 +134,14 @@ def debug_arguments(args: argparse.Namespace) -> None:
 
 
 def report(exc: UserError, rank: str) -> int:
-    """Print the one error line of ``exc``; returns its exit status."""
+    """Print the one error line of ``exc``; returns its exit status. An error on this rank
+    alone is posted for the other ranks first (see :mod:`trainer.peers`)."""
+    if not exc.agreed:
+        from trainer.peers import report_failure
+
+        code = report_failure(exc)
+        if code is not None:  # another rank failed first: that rank's line was printed
+            return code
     print_error_line(f"error (rank {rank}): {exc}")
     if exc.agreed:
         # Every rank fails here; wait until all have said why before the launcher,
@@ -135,6 +151,18 @@ def report(exc: UserError, rank: str) -> int:
         if dist.is_initialized():
             dist.barrier()
     return exc.exit_code
+
+
+def failure_status(exc: Exception) -> int:
+    """An error that is not bad input: the failing rank re-raises it (its traceback is printed)
+    after posting it for the other ranks; a rank whose error follows a peer's failure (a closed
+    socket) has printed one line naming that peer, and gets its exit status."""
+    from trainer.peers import report_failure
+
+    code = report_failure(exc)
+    if code is None:
+        raise exc
+    return code
 
 
 def main_stage1(argv: Sequence[str] | None = None) -> int:

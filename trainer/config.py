@@ -119,6 +119,9 @@ class DistributedSection:
     timeout_s: float = 300.0
     #: a rank without progress for this long writes its stacks and exits; 0 turns it off
     watchdog_s: float = 180.0
+    #: after SIGTERM or SIGINT, a rank that has not reached the agreed stop this long after
+    #: (blocked on a peer) exits with one line; below torchelastic's 30 s before its SIGKILL
+    stop_grace_s: float = 20.0
     debug: bool = False
 
 
@@ -296,6 +299,7 @@ def validate(cfg: Config, source: str) -> None:
     d = cfg.distributed
     _require(d.timeout_s > 0, source, "distributed.timeout_s", "must be positive")
     _require(d.watchdog_s >= 0, source, "distributed.watchdog_s", "must be 0 (off) or more")
+    _require(d.stop_grace_s >= 0, source, "distributed.stop_grace_s", "must be 0 (off) or more")
     _require(bool(cfg.output_dir), source, "output_dir", "must not be empty")
 
 

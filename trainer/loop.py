@@ -14,6 +14,7 @@ import dataclasses
 import math
 import signal
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 from transformers import get_scheduler
 
-from trainer import checkpoint, runtime
+from trainer import checkpoint, peers, runtime
 from trainer.checkpoint import TrainState
 from trainer.config import InitSection, OptimizerSection, RunConfig, write_resolved
 from trainer.errors import CheckpointError, DataError, NonFiniteError
@@ -161,6 +162,14 @@ def weights_kind(path: Path) -> str:
     )
 
 
+def improves(value: float, best: float | None, mode: str) -> bool:
+    """Whether an eval's ``value`` beats the best so far (``mode``: min or max); a non-finite
+    value never does, or every later comparison with it would be false."""
+    if not math.isfinite(value):
+        return False
+    return best is None or (value < best if mode == "min" else value > best)
+
+
 def noise_seed(seed: int, rank: int) -> int:
     """Each rank draws its own noise, reproducibly."""
     return seed * 1_000_003 + 7919 * (rank + 1)
@@ -169,7 +178,9 @@ def noise_seed(seed: int, rank: int) -> int:
 class Trainer:
     """Stage-2 adversarial training of a task's generator against its discriminator.
 
-    ``fit()`` runs in the current process (which may be one rank of a launched job).
+    ``fit()`` runs in the current process (which may be one rank of a launched job). A run
+    that does not resume refuses an output directory holding checkpoints, unless
+    ``overwrite`` (then that run's checkpoints, records and weights are deleted first).
     ``scaler`` replaces accelerate's GradScaler; tests use it to exercise the fp16 path on CPU.
     """
 
@@ -179,12 +190,14 @@ class Trainer:
         device: str = "auto",
         resume: str | None = None,
         scaler: torch.amp.GradScaler | None = None,
+        overwrite: bool = False,
     ) -> None:
         self.run = run
         self.config = run.config
         self.device = device
         self.resume = resume
         self.scaler = scaler
+        self.overwrite = overwrite
         # Building the task checks its options and model configs: still no device touched.
         self.task: Task = load_task(run)
         self.output_dir = Path(self.config.output_dir)
@@ -208,6 +221,11 @@ class Trainer:
         )
         # Started by fit(); the rank is known only now.
         self.watchdog = Watchdog(self.config.distributed.watchdog_s, self.output_dir, self.accelerator.process_index)
+        if self.accelerator.num_processes > 1:
+            d = self.config.distributed
+            peers.start_watch(
+                self.accelerator.process_index, self.accelerator.num_processes, d.stop_grace_s, d.timeout_s
+            )
 
     def _setup(self, training: bool = True) -> None:
         """Models, data, optimizers and state on every rank; with ``training`` off (eval only)
@@ -218,6 +236,16 @@ class Trainer:
         if t.mixed_precision == "fp16" and accelerator.device.type == "cpu" and accelerator.scaler is None:
             logger.warning("fp16 was requested but accelerate runs fp32 on the CPU (no autocast, no GradScaler)")
         set_seed(t.seed)
+        self.shape = checkpoint.run_shape(cfg, accelerator.num_processes)
+        if training and not self.resume:
+            # The main process's view of the directory decides, for every rank.
+            runtime.on_main_process(
+                accelerator,
+                "claiming the output directory",
+                lambda: checkpoint.claim_output_dir(self.output_dir, self.overwrite),
+            )
+        if training:
+            runtime.check_shared_output_dir(accelerator, self.output_dir)
         if accelerator.is_main_process and training:
             write_resolved(self.run, self.output_dir)
 
@@ -274,7 +302,8 @@ class Trainer:
 
         plain = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
         self.direct_step = accelerator.scaler is None and accelerator.distributed_type in plain
-        self.state = TrainState()
+        # A fresh run's id: rank 0's is the one its checkpoints record.
+        self.state = TrainState(run_id=uuid.uuid4().hex)
         self.noise = torch.Generator(device=accelerator.device)
         self.noise.manual_seed(noise_seed(t.seed, accelerator.process_index))
         resumed_from = None
@@ -289,7 +318,9 @@ class Trainer:
                 logger.info(f"--resume {self.resume}: no checkpoint in {self.output_dir}; starting fresh")
             else:
                 self.state, rank_state = runtime.agreed(
-                    accelerator, "loading the checkpoint", lambda: checkpoint.load_checkpoint(accelerator, path)
+                    accelerator,
+                    "loading the checkpoint",
+                    lambda: checkpoint.load_checkpoint(accelerator, path, self.shape),
                 )
                 self.noise.set_state(rank_state["noise"])
                 resumed_from = self.state.step
@@ -474,7 +505,9 @@ class Trainer:
 
     @contextlib.contextmanager
     def _stop_signals(self) -> Iterator[None]:
-        """SIGTERM and SIGINT request an agreed stop; a second SIGINT interrupts at once."""
+        """SIGTERM and SIGINT request an agreed stop; a second SIGINT interrupts at once. In a
+        launched job a rank that cannot reach the agreed stop (blocked on a peer) exits after
+        ``distributed.stop_grace_s`` (see :mod:`trainer.peers`)."""
         self.signal_received: str | None = None
         self.stopped: str | None = None
 
@@ -489,8 +522,10 @@ class Trainer:
                 previous[signum] = signal.signal(signum, request_stop)
             except ValueError:  # not the main thread: leave signals to the host
                 pass
+        watch = peers.WATCH if previous else None
         try:
-            yield
+            with watch.stop_signals_seen() if watch is not None else contextlib.nullcontext():
+                yield
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
@@ -508,7 +543,12 @@ class Trainer:
         )
         self.progress_lines = bar.disable
         with logging_redirect_tqdm() if not bar.disable else contextlib.nullcontext():
-            last_eval = self._train_steps(bar)
+            if self.state.step >= self.config.training.max_steps:
+                # Resumed from the end of a finished run: nothing to train; its models' scores
+                # are the answer (not written again: the run's records hold them already).
+                last_eval, _ = evaluate(acc, self.task, self.g.model, self.d.model, self.eval_loader)
+            else:
+                last_eval = self._train_steps(bar)
         bar.close()
         if not self.stopped:
             self._export("final")
@@ -551,7 +591,8 @@ class Trainer:
                 elapsed = time.monotonic() - window_start
                 self._log_train(state.step - window_step, elapsed)
                 window_start, window_step = time.monotonic(), state.step
-            if signalled or time_up:
+            # A stop asked at the last step is moot: the run ends here anyway, with its eval.
+            if (signalled or time_up) and state.step < t.max_steps:
                 self.stopped = "a stop signal" if signalled else "training.max_time"
                 self._save()
                 logger.info(f"stopped at step {state.step} by {self.stopped}; continue with --resume latest")
@@ -611,27 +652,32 @@ class Trainer:
         acc, t, state = self.accelerator, self.config.training, self.state
         metrics, outputs = evaluate(acc, self.task, self.g.model, self.d.model, self.eval_loader)
         self.metrics.write("eval", state.step, metrics)
-        if acc.is_main_process:
-            self.task.on_eval(state.step, outputs, self.output_dir, acc.trackers)
+        # The others wait for the main process's plots and samples here, named and with the
+        # long-work bound, rather than in the next step's all-reduce with the short one.
+        with HEARTBEAT.long_work("waiting for the main process's on_eval"):
+            if acc.is_main_process:
+                self.task.on_eval(state.step, outputs, self.output_dir, acc.trackers)
+            HEARTBEAT.collective_entered("barrier after on_eval")
+            acc.wait_for_everyone()
         if t.best_metric:
             value = metrics.get(t.best_metric)
             if value is None:
                 raise DataError(
                     f"training.best_metric: the eval has no metric {t.best_metric!r}; it has {sorted(metrics)}"
                 )
-            better = state.best_value is None or (
-                value < state.best_value if t.best_mode == "min" else value > state.best_value
-            )
-            if better:
+            if improves(value, state.best_value, t.best_mode):
                 state.best_value, state.best_step = float(value), state.step
                 self._export("best")
         logger.info(f"eval at step {state.step}: {metrics}")
         return metrics
 
     def _export(self, name: str) -> None:
-        with HEARTBEAT.long_work(f"writing {name}/"):
+        # The other ranks wait here for the main process's writes, with the long-work bound.
+        with HEARTBEAT.long_work(f"writing {name}/ (main process)"):
             for role, phase in (("generator", self.g), ("discriminator", self.d)):
                 checkpoint.export_model(self.accelerator, phase.model, self.output_dir / name / role)
+            HEARTBEAT.collective_entered(f"barrier after writing {name}/")
+            self.accelerator.wait_for_everyone()
 
     def _save(self) -> None:
         self.state.epoch, self.state.position = self.stream.epoch, self.stream.position
@@ -642,5 +688,6 @@ class Trainer:
                 self.state,
                 {"noise": self.noise.get_state()},
                 self.config.training.keep_checkpoints,
+                self.shape,
             )
         logger.info(f"saved {path}")

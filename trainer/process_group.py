@@ -40,6 +40,11 @@ def store_address() -> str:
     return f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
 
 
+def round_prefix() -> str:
+    """The store prefix of this launch round: the restart count names it."""
+    return f"trainer/restart-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
 def in_elastic_round() -> bool:
     """Whether this worker was started by torch's elastic agent, on the agent's shared store."""
     return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
@@ -56,7 +61,6 @@ def join_elastic_round(cpu: bool, timeout_s: float) -> None:
     if not in_elastic_round() or torch.distributed.is_initialized():
         return
     timeout = timedelta(seconds=timeout_s)
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     HEARTBEAT.beat(f"connecting to the launcher's store at {store_address()}")
     agent_store = torch.distributed.TCPStore(
         os.environ["MASTER_ADDR"],
@@ -65,9 +69,9 @@ def join_elastic_round(cpu: bool, timeout_s: float) -> None:
         is_master=False,
         timeout=timeout,
     )
-    store = torch.distributed.PrefixStore(f"trainer/restart-{attempt}", agent_store)
+    store = torch.distributed.PrefixStore(round_prefix(), agent_store)
     backend = "gloo" if cpu else "nccl"
-    HEARTBEAT.beat(f"forming the {backend} process group of restart round {attempt} through {store_address()}")
+    HEARTBEAT.beat(f"forming the {backend} process group under {round_prefix()} through {store_address()}")
     torch.distributed.init_process_group(
         backend,
         store=store,

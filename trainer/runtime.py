@@ -9,18 +9,21 @@ from __future__ import annotations
 import os
 import resource
 import socket
+import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import TypeVar
 
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration, InitProcessGroupKwargs
 from accelerate.logging import get_logger
 from accelerate.state import AcceleratorState, GradientState
-from accelerate.utils import GradientAccumulationPlugin, broadcast_object_list, gather_object
+from accelerate.utils import DistributedType, GradientAccumulationPlugin, broadcast_object_list, gather_object
 
 from trainer.config import Config
 from trainer.errors import ConfigError, UserError
+from trainer.peers import close_watch
 from trainer.process_group import join_elastic_round, startup_bound
 from trainer.watchdog import HEARTBEAT
 
@@ -70,6 +73,7 @@ def build_accelerator(
     if scaler is not None:
         accelerator.scaler = scaler
     check_world(accelerator)
+    check_supported(accelerator)
     return accelerator
 
 
@@ -112,6 +116,23 @@ def check_world(accelerator: Accelerator) -> None:
             f"this one sees a world of {accelerator.num_processes} "
             f"({accelerator.distributed_type.value}); use --device cpu on a machine without GPUs"
         )
+
+
+#: what the loop supports: it reads each rank's whole gradients and calls the bare modules,
+#: which sharded parameters (FSDP, DeepSpeed, Megatron) would make wrong
+SUPPORTED_TYPES = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
+
+
+def check_supported(accelerator: Accelerator) -> None:
+    """Fail on every rank, before training, under a distributed type the loop does not support."""
+    if accelerator.distributed_type not in SUPPORTED_TYPES:
+        error = UserError(
+            f"rank {accelerator.process_index}: accelerate's distributed type {accelerator.distributed_type.value} "
+            "is not supported: the loop reads whole gradients and calls the bare models, which sharded "
+            "parameters break; use a plain multi-GPU or multi-CPU accelerate config (accelerate_configs/8gpu.yaml)"
+        )
+        error.agreed = True  # the config is the same on every rank
+        raise error
 
 
 def describe_rank(accelerator: Accelerator) -> str:
@@ -240,10 +261,42 @@ def agreed(accelerator: Accelerator, what: str, action: Callable[[], T]) -> T:
     return result
 
 
+def on_main_process(accelerator: Accelerator, what: str, action: Callable[[], T]) -> T | None:
+    """:func:`agreed`, with ``action`` run by the main process only (the others get None)."""
+    return agreed(accelerator, what, action if accelerator.is_main_process else lambda: None)
+
+
+def check_shared_output_dir(accelerator: Accelerator, output_dir: Path) -> None:
+    """Fail on every rank when a rank does not see the files the main process writes in
+    ``output_dir``: every rank writes its part of a checkpoint there and the main process
+    renames it, so on several nodes it must be one shared directory (a network filesystem)."""
+    if accelerator.num_processes == 1:
+        return
+    token = f".shared-check-{uuid.uuid4().hex}"
+
+    def write_token() -> None:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / token).write_text(token)
+
+    on_main_process(accelerator, f"writing {output_dir}", write_token)
+    token = from_main_process(accelerator, token, "the shared-directory token")
+    blind = ranks_with(accelerator, not (output_dir / token).is_file(), "ranks that cannot see the output directory")
+    if accelerator.is_main_process:
+        (output_dir / token).unlink(missing_ok=True)
+    if blind:
+        error = UserError(
+            f"{output_dir}: rank(s) {', '.join(map(str, blind))} do not see the files rank 0 writes there; the "
+            "output directory must be one directory shared by every node: mount a shared filesystem at the "
+            "same path on each node, or give --output-dir a path on one"
+        )
+        error.agreed = True
+        raise error
+
+
 def main_process_first(accelerator: Accelerator, what: str, action: Callable[[], T]) -> T:
     """:func:`agreed`, run by the main process before the others: what it writes (a cache), the
     others then read. A failure on any rank, in either turn, fails every rank."""
-    first = agreed(accelerator, f"{what} (main process)", action if accelerator.is_main_process else lambda: None)
+    first = on_main_process(accelerator, f"{what} (main process)", action)
     if accelerator.num_processes == 1:
         return first
     others = agreed(accelerator, what, (lambda: None) if accelerator.is_main_process else action)
@@ -253,6 +306,7 @@ def main_process_first(accelerator: Accelerator, what: str, action: Callable[[],
 def end_process_group() -> None:
     """Destroy the default process group, if any, before the process exits: one left to the
     interpreter's exit can abort the process ("terminate called without an active exception")
-    after the work is done."""
+    after the work is done. The peers' watch (which holds a store client) ends first."""
+    close_watch()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

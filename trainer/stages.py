@@ -40,10 +40,11 @@ def fit_run(
     output_dir: str | Path | None,
     device: str,
     resume: str | None,
+    overwrite: bool = False,
 ) -> tuple[dict[str, Any], str | None]:
     """One run of the trainer: its last eval metrics, and the cause of an agreed stop or None."""
     run = load_config(config, overrides, generator_config, discriminator_config, output_dir)
-    trainer = Trainer(run, device=device, resume=resume)
+    trainer = Trainer(run, device=device, resume=resume, overwrite=overwrite)
     return trainer.fit(), trainer.stopped
 
 
@@ -61,6 +62,7 @@ def fit_stage1(
     output_dir: str | Path | None = None,
     device: str = "auto",
     resume: str | None = None,
+    overwrite: bool = False,
 ) -> StageResult:
     """Pre-train the generator (maximum likelihood), then the discriminator against it."""
     result = StageResult()
@@ -89,7 +91,7 @@ def fit_stage1(
     for name, (stage_overrides, run_dir) in parts.items():
         overrides_now = {**common, **stage_overrides()}
         result.metrics[name], result.stopped = fit_run(
-            config, overrides_now, generator_config, discriminator_config, run_dir, device, resume
+            config, overrides_now, generator_config, discriminator_config, run_dir, device, resume, overwrite
         )
         if result.stopped:
             break
@@ -103,18 +105,21 @@ def fit_pipeline(
     overrides: list[str] | None = None,
     device: str = "auto",
     resume: str | None = None,
+    overwrite: bool = False,
 ) -> StageResult:
     """Stage 1 into ``OUTPUT/stage1``, then stage 2 from its best pair into ``OUTPUT/stage2``.
 
     ``overrides`` (``--set`` strings) apply to every run of both stages.
     """
     out = Path(output_dir)
-    result = fit_stage1(stage1_config, overrides, output_dir=out / "stage1", device=device, resume=resume)
+    result = fit_stage1(
+        stage1_config, overrides, output_dir=out / "stage1", device=device, resume=resume, overwrite=overwrite
+    )
     if result.stopped:
         return result
     init = {f"init.{role}": str(_weights(out / "stage1", role)) for role in ("generator", "discriminator")}
     stage2 = {**override_mapping(overrides), **init}
-    metrics, result.stopped = fit_run(stage2_config, stage2, None, None, out / "stage2", device, resume)
+    metrics, result.stopped = fit_run(stage2_config, stage2, None, None, out / "stage2", device, resume, overwrite)
     result.metrics["stage 2"] = metrics
     return result
 

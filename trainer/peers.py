@@ -1,0 +1,199 @@
+"""What a rank must learn even while it is blocked: a peer failed, or a stop signal came and
+the agreed stop cannot be reached.
+
+A collective cannot carry the news of a failure: the failing rank never reaches the next one,
+and the others wait in theirs (on gloo until the socket closes, with a raw "Connection closed
+by peer"; on NCCL until the process-group timeout or the launcher's SIGKILL). So the failing
+rank posts one notice on the launcher's store (the TCPStore every rank reached at start-up,
+out of band), and a daemon thread on every rank polls it: a notice from another rank ends
+this one at once with one line naming that rank, the phase it failed in and the error.
+
+The same thread reads the signals: Python runs a signal handler only between bytecodes of the
+main thread, so a rank blocked in a collective would ignore the launcher's SIGTERM until its
+SIGKILL. The C-level handler still writes the signal's number to a wake-up pipe
+(``signal.set_wakeup_fd``), which this thread reads; if the agreed stop has not ended the
+process within ``distributed.stop_grace_s``, it exits with one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import threading
+import time
+from datetime import timedelta
+
+from trainer.errors import UserError, print_error_line
+from trainer.process_group import round_prefix
+from trainer.watchdog import HEARTBEAT
+
+#: how often the notice board is read (seconds)
+POLL_S = 0.5
+#: how long a failing rank waits for the others to read its notice before it exits (its
+#: process may host the store)
+READ_WAIT_S = 5.0
+#: exit status of a rank that could not reach the agreed stop in time
+STOP_TIMEOUT_EXIT_CODE = 1
+FAILURE_KEY = "failure"
+READ_KEY = "failure-read"
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _connect(timeout_s: float):
+    """A client of the store the launcher gave (MASTER_ADDR/MASTER_PORT), under this round's
+    prefix; None outside a launched job."""
+    import torch.distributed as dist
+
+    if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
+        return None
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    return dist.PrefixStore(f"{round_prefix()}/notices", store)
+
+
+class PeerWatch:
+    """The notice board of a launched job and the thread that watches it and the stop signals.
+
+    Started on every rank once the process group exists; lives until the process exits.
+    """
+
+    def __init__(self, rank: int, world_size: int, stop_grace_s: float, timeout_s: float) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.stop_grace_s = stop_grace_s
+        self.store = _connect(timeout_s) if world_size > 1 else None
+        self.failing = False  # this rank is reporting its own failure: other notices are moot
+        self.stop_since: float | None = None
+        self.stop_signal = ""
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._write_fd, False)
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="trainer-peer-watch", daemon=True)
+        self._thread.start()
+
+    # -- a rank whose main thread fails ---------------------------------------------------------
+    def report_failure(self, exc: BaseException) -> int | None:
+        """Called where an error ends this rank's run. If another rank failed first (this
+        error is then the consequence, e.g. gloo's closed socket), print one line naming it and
+        return its exit status; else post this rank's failure and return None."""
+        self.failing = True
+        notice = self._notice()
+        if notice is not None and int(notice[0]) != self.rank:
+            self._obey(notice)
+            return int(notice[1])
+        self._post(exc)
+        return None
+
+    def _post(self, exc: BaseException) -> None:
+        """Tell every other rank that this one failed, and why; wait (a few seconds at most)
+        until they have read it."""
+        if self.store is None:
+            return
+        code = exc.exit_code if isinstance(exc, UserError) else 1
+        text = " ".join(str(exc).split())[:300] or "(no message)"
+        notice = f"{self.rank}\t{code}\t{HEARTBEAT.phase}\t{type(exc).__name__}: {text}"
+        with contextlib.suppress(Exception):  # the store may be gone with its host
+            self.store.compare_set(FAILURE_KEY, "", notice)
+            deadline = time.monotonic() + READ_WAIT_S
+            while self.store.add(READ_KEY, 0) < self.world_size - 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+    # -- every rank ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def stop_signals_seen(self):
+        """While inside, stop signals also reach this thread through the wake-up pipe (the
+        main thread's handlers stay as they are). Main thread only."""
+        previous = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        try:
+            yield
+        finally:
+            signal.set_wakeup_fd(previous)
+            self.stop_since = None
+
+    def close(self) -> None:
+        """Stop the thread and let go of the store, before the process group ends: a store
+        client still in use by a thread while the interpreter exits can abort the process
+        ("terminate called without an active exception")."""
+        self._closing.set()
+        with contextlib.suppress(OSError):
+            os.write(self._write_fd, b"\0")  # wakes the select at once
+        self._thread.join(timeout=2 * POLL_S + 1)
+        self.store = None
+        if not self._thread.is_alive():
+            os.close(self._read_fd)
+            os.close(self._write_fd)
+
+    def _watch(self) -> None:
+        while not self._closing.is_set():
+            ready, _, _ = select.select([self._read_fd], [], [], POLL_S)
+            if self._closing.is_set():
+                return
+            if ready:
+                self._read_signals()
+            if self.stop_since is not None and time.monotonic() - self.stop_since > self.stop_grace_s:
+                print_error_line(
+                    f"error (rank {self.rank}): {self.stop_signal} received {self.stop_grace_s:g} s ago "
+                    f"(distributed.stop_grace_s) and the agreed stop not reached: blocked in {HEARTBEAT.phase}, "
+                    f"last collective {HEARTBEAT.collective}; exiting"
+                )
+                os._exit(STOP_TIMEOUT_EXIT_CODE)
+            if self.store is not None and not self.failing:
+                self._read_notice()
+
+    def _read_signals(self) -> None:
+        for number in os.read(self._read_fd, 64):
+            if number in STOP_SIGNALS and self.stop_since is None and self.stop_grace_s > 0:
+                self.stop_since, self.stop_signal = time.monotonic(), signal.Signals(number).name
+
+    def _notice(self) -> list[str] | None:
+        """The posted failure: rank, exit status, phase, error (None when there is none)."""
+        try:
+            if self.store is None or not self.store.check([FAILURE_KEY]):
+                return None
+            return self.store.get(FAILURE_KEY).decode().split("\t", 3)
+        except Exception:  # the store's host is gone: the launcher ends this rank
+            return None
+
+    def _obey(self, notice: list[str]) -> None:
+        rank, _, phase, error = notice
+        print_error_line(f"error (rank {self.rank}): rank {rank} failed in {phase}: {error}")
+        with contextlib.suppress(Exception):
+            self.store.add(READ_KEY, 1)
+
+    def _read_notice(self) -> None:
+        notice = self._notice()
+        if notice is None or int(notice[0]) == self.rank or self.failing:
+            return
+        self._obey(notice)
+        os._exit(int(notice[1]))
+
+
+#: this process's watch, once a launched job's process group exists
+WATCH: PeerWatch | None = None
+
+
+def start_watch(rank: int, world_size: int, stop_grace_s: float, timeout_s: float) -> PeerWatch:
+    """The process's :class:`PeerWatch`, started on first use (a process may run several fits)."""
+    global WATCH
+    if WATCH is None:
+        WATCH = PeerWatch(rank, world_size, stop_grace_s, timeout_s)
+    WATCH.stop_grace_s = stop_grace_s
+    return WATCH
+
+
+def close_watch() -> None:
+    """End this process's watch, if any (see :meth:`PeerWatch.close`)."""
+    global WATCH
+    if WATCH is not None:
+        WATCH.close()
+        WATCH = None
+
+
+def report_failure(exc: BaseException) -> int | None:
+    """See :meth:`PeerWatch.report_failure` (None in a process without a watch)."""
+    return WATCH.report_failure(exc) if WATCH is not None else None
