@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from helpers import env as launch_env  # noqa: E402  (tests/helpers.py: the launch commands)
-from helpers import launch_command  # noqa: E402
+from helpers import free_port, launch_command  # noqa: E402
 
 HARD_TIMEOUT = 180
 WATCHDOG_S = 5.0
@@ -86,7 +86,7 @@ class Run:
             "distributed": {"watchdog_s": WATCHDOG_S, "timeout_s": 60},
         }
         for section, values in sections.items():
-            config[section] = {**config.get(section, {}), **values}
+            config[section] = {**config.get(section, {}), **values} if isinstance(values, dict) else values
         self.config = work / "train.yaml"
         self.config.write_text(yaml.safe_dump(config))
         self.args = ["--config", str(self.config), "--device", "cpu"]
@@ -193,9 +193,10 @@ def error_lines(stderr: str) -> list[str]:
 # -- scenarios -------------------------------------------------------------------------------
 
 
-def start_long_run(work: Path, processes: int) -> tuple[Run, subprocess.Popen, dict[int, int]]:
+def start_long_run(work: Path, processes: int, **sections: Any) -> tuple[Run, subprocess.Popen, dict[int, int]]:
     """A run that would go on for hours, once every rank is training."""
-    run = Run(work, processes, {"step_sleep_s": 0.02}, training={"max_steps": 100000, "save_every": 100000})
+    training = {"max_steps": 100000, "save_every": 100000}
+    run = Run(work, processes, {"step_sleep_s": 0.02}, training=training, **sections)
     proc = run.start()
     pids = run.rank_pids()
     time.sleep(0.5)
@@ -245,6 +246,36 @@ def freeze_one_rank(work: Path, processes: int) -> Outcome:
     return Outcome(
         "SIGSTOP one rank", processes, ok, f"exit {code}, watchdog on {len(stalls)} rank(s)", seconds, run.on_disk()
     )
+
+
+STOP_GRACE_S = 3.0
+
+
+def terminate_while_peer_frozen(work: Path, processes: int) -> Outcome:
+    """SIGTERM to rank 0 while the last rank is frozen (SIGSTOP): rank 0 cannot reach the
+    agreed stop and exits with one line within distributed.stop_grace_s + 5 s."""
+    label = "SIGTERM to rank 0, last rank frozen"
+    if processes == 1:
+        return Outcome(label, 1, True, "not applicable: no peer to wait for", 0.0, "nothing")
+    distributed = {"watchdog_s": 60, "stop_grace_s": STOP_GRACE_S}
+    run, proc, pids = start_long_run(work, processes, distributed=distributed)
+    frozen = pids[processes - 1]
+    os.kill(frozen, signal.SIGSTOP)
+    time.sleep(0.5)
+    start = time.monotonic()
+    os.kill(pids[0], signal.SIGTERM)
+    while alive(pids[0]) and time.monotonic() - start < HARD_TIMEOUT:
+        time.sleep(0.05)
+    seconds = time.monotonic() - start
+    os.kill(frozen, signal.SIGCONT)
+    for pid in pids.values():
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    _, _, stderr = wait(proc)
+    said = [line for line in error_lines(stderr) if line.startswith("error (rank 0): SIGTERM received")]
+    ok = seconds <= STOP_GRACE_S + 5 and len(said) == 1
+    outcome = f"rank 0 gone after {seconds:.1f} s; {said[0][16:110] if said else 'no line from rank 0'}"
+    return Outcome(label, processes, ok, outcome, seconds, run.on_disk())
 
 
 def nan_on_one_rank(work: Path, processes: int) -> Outcome:
@@ -478,6 +509,101 @@ def restart_after_kill(launcher: str) -> Callable[[Path, int], Outcome]:
     return scenario
 
 
+def every_rank_says(stderr: str, processes: int, text: str) -> bool:
+    """Whether each rank printed one error line containing ``text``."""
+    lines = [line for line in error_lines(stderr) if text in line]
+    return sorted(line.split(")")[0] for line in lines) == [f"error (rank {r}" for r in range(processes)]
+
+
+def fresh_start_into_old_run(work: Path, processes: int) -> Outcome:
+    """A fresh start into a directory that holds an earlier run's checkpoints: refused by
+    every rank with one line, the earlier checkpoints intact."""
+    run = Run(work, processes)
+    run.run()
+    before = run.on_disk()
+    result, seconds = run.run("--set", "training.max_steps=2", "--set", "training.save_every=1")
+    # rank 0 names the directory and the ways on; the others name rank 0
+    refused = every_rank_says(result.stderr, processes, "") and "--resume latest" in result.stderr
+    ok = result.returncode != 0 and refused and run.on_disk() == before
+    outcome = f"exit {result.returncode}, {'every rank refused' if refused else 'not refused by every rank'}"
+    return Outcome("fresh start into an earlier run's directory", processes, ok, outcome, seconds, run.on_disk())
+
+
+def resume_other_shape(work: Path, processes: int) -> Outcome:
+    """Resume with another gradient_accumulation_steps: refused by every rank, naming the key."""
+    run = Run(work, processes)
+    run.run()
+    result, seconds = run.run("--resume", "latest", "--set", "training.gradient_accumulation_steps=2")
+    named = every_rank_says(result.stderr, processes, "training.gradient_accumulation_steps")
+    ok = result.returncode != 0 and named
+    outcome = f"exit {result.returncode}, {'every rank names the key' if named else 'key not named by every rank'}"
+    return Outcome("resume with another accumulation length", processes, ok, outcome, seconds, run.on_disk())
+
+
+def error_on_main_process(work: Path, processes: int) -> Outcome:
+    """An exception in the task's on_eval on the main process: its traceback, one line from
+    every other rank naming rank 0, all gone within 30 s."""
+    run = Run(work, processes, {"raise_in": "on_eval"}, distributed={"watchdog_s": 60})
+    result, seconds = run.run()
+    named = [line for line in error_lines(result.stderr) if "rank 0 failed in" in line]
+    others = sorted(line.split(")")[0] for line in named) == [f"error (rank {r}" for r in range(1, processes)]
+    traceback = "RuntimeError: injected in on_eval" in result.stderr
+    ok = result.returncode != 0 and others and traceback and seconds <= 30
+    outcome = (
+        f"exit {result.returncode}, {len(named)} rank(s) name rank 0, traceback {'shown' if traceback else 'missing'}"
+    )
+    return Outcome("exception in on_eval on the main process", processes, ok, outcome, seconds, run.on_disk())
+
+
+def slow_main_write(work: Path, processes: int) -> Outcome:
+    """Each rename on the main process takes twice the stall bound: the others wait under the
+    long-work bound, no stall, exit 0."""
+    run = Run(
+        work,
+        processes,
+        {"slow_rename_s": 2 * WATCHDOG_S / 5},
+        training={"best_metric": "reverse_kl"},
+        distributed={"watchdog_s": WATCHDOG_S / 5},
+    )
+    result, seconds = run.run()
+    stalls = list(run.out.glob("stall-rank*.txt"))
+    ok = result.returncode == 0 and not stalls
+    outcome = f"exit {result.returncode}, {len(stalls)} stall report(s)"
+    return Outcome("main process's renames slower than the stall bound", processes, ok, outcome, seconds, run.on_disk())
+
+
+def output_not_shared(work: Path, processes: int) -> Outcome:
+    """Ranks started in different directories with a relative output_dir (nodes with local
+    disks): every rank refuses with one line naming the shared filesystem."""
+    label = "output directory not shared by every rank"
+    if processes == 1:
+        return Outcome(label, 1, True, "not applicable: one rank", 0.0, "nothing")
+    run = Run(work, processes, output_dir="out")
+    port = str(free_port())
+    start = time.monotonic()
+    procs = []
+    for rank in range(processes):
+        node = work / f"node{rank}"
+        node.mkdir(exist_ok=True)
+        worker_env = run.env() | {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(processes),
+            "LOCAL_WORLD_SIZE": str(processes),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+        }
+        cmd = [sys.executable, str(ROOT / "scripts" / "train_stage2.py"), *run.args]
+        procs.append(subprocess.Popen(cmd, cwd=node, env=worker_env, stderr=subprocess.PIPE, text=True))
+    stderr = "".join(wait(proc)[2] for proc in procs)
+    seconds = time.monotonic() - start
+    refused = every_rank_says(stderr, processes, "shared by every node")
+    codes = sorted({proc.returncode for proc in procs})
+    ok = refused and codes == [2]
+    outcome = f"exit {codes}, {'every rank refused' if refused else 'not refused by every rank'}"
+    return Outcome(label, processes, ok, outcome, seconds, "nothing")
+
+
 SCENARIOS: dict[str, Callable[[Path, int], Outcome]] = {
     "kill_one_rank": kill_one_rank,
     "freeze_one_rank": freeze_one_rank,
@@ -487,10 +613,16 @@ SCENARIOS: dict[str, Callable[[Path, int], Outcome]] = {
     "init_pickle_with_code": bad_init("pickle_with_code"),
     "kill_during_checkpoint": kill_during_checkpoint,
     "terminate_one_rank": terminate_one_rank,
+    "terminate_while_peer_frozen": terminate_while_peer_frozen,
     "eval_smaller_than_world": eval_size(1, "eval set of 1 sample"),
     "uneven_shards": eval_size(7, "eval set of 7 (uneven shards)"),
     "empty_eval": eval_size(0, "empty eval set"),
     "one_rank_collective": one_rank_collective,
+    "fresh_start_into_old_run": fresh_start_into_old_run,
+    "resume_other_shape": resume_other_shape,
+    "error_on_main_process": error_on_main_process,
+    "slow_main_write": slow_main_write,
+    "output_not_shared": output_not_shared,
     "restart_torchrun": restart_after_kill("torchrun"),
     "restart_accelerate": restart_after_kill("accelerate"),
 }
