@@ -67,6 +67,14 @@ class ReducerWatch(FixedNoiseMixture):
         return super().generator_loss(generator, discriminator, num, rng, batch)
 
 
+class DropoutMixture(GaussianMixtureTask):
+    """The ring recipe with dropout in the discriminator: its masks come from torch's global
+    CPU generator, so an exact resume needs that generator's stream to continue exactly."""
+
+    def build_discriminator(self):
+        return torch.nn.Sequential(torch.nn.Dropout(0.3), super().build_discriminator())
+
+
 class IndexedEval(GaussianMixtureTask):
     """Eval outputs carry each sample's index and a row whose length differs by rank, so a test
     can see that every eval sample was scored exactly once after padding and gathering."""

@@ -64,6 +64,30 @@ def test_resume_is_bit_identical(tmp_path, processes):
     assert all(r["world_size"] == processes for r in resumed_records)
 
 
+@pytest.mark.timeout(200)
+def test_resume_is_exact_with_dropout_drawn_from_the_global_generator(tmp_path):
+    # The checkpoint at step 3 falls mid-epoch (40 samples, batches of 4): the resumed run
+    # builds its data iterator at another point of the global generator's stream than the
+    # uninterrupted run did, which must not shift the dropout masks drawn after it.
+    config = write_run(
+        tmp_path,
+        {
+            "task": "fixture_tasks:DropoutMixture",
+            "training": {"max_steps": 6, "save_every": 3},
+            "data": {"train_size": 40},
+        },
+    )
+    out = tmp_path / "out"
+    args = ["--config", str(config), "--device", "cpu"]
+    check(launch(args, 1))
+    uninterrupted = weights(out / "final")
+    check(launch([*args, "--resume", str(out / "checkpoints" / "step-0000003")], 1))
+    resumed = weights(out / "final")
+    for role in resumed:
+        for key, value in resumed[role].items():
+            assert torch.equal(value, uninterrupted[role][key]), f"{role}.{key} differs after resume"
+
+
 def test_latest_is_the_newest_complete_checkpoint(tmp_path):
     root = tmp_path / "checkpoints"
     for name, complete in [

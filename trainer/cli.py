@@ -135,34 +135,33 @@ def debug_arguments(args: argparse.Namespace) -> None:
 
 def report(exc: UserError, rank: str) -> int:
     """Print the one error line of ``exc``; returns its exit status. An error on this rank
-    alone is posted for the other ranks first (see :mod:`trainer.peers`)."""
+    alone is posted for the other ranks too (see :mod:`trainer.peers`)."""
+    line = f"error (rank {rank}): {exc}"
     if not exc.agreed:
         from trainer.peers import report_failure
 
-        code = report_failure(exc)
-        if code is not None:  # another rank failed first: that rank's line was printed
-            return code
-    print_error_line(f"error (rank {rank}): {exc}")
-    if exc.agreed:
-        # Every rank fails here; wait until all have said why before the launcher,
-        # seeing the first exit, ends the others.
-        import torch.distributed as dist
+        code = report_failure(exc, lambda: print_error_line(line))
+        # another rank failed first: this rank printed one line naming it, not its own
+        return exc.exit_code if code is None else code
+    print_error_line(line)
+    # Every rank fails here; wait until all have said why before the launcher, seeing the
+    # first exit, ends the others.
+    import torch.distributed as dist
 
-        if dist.is_initialized():
-            dist.barrier()
+    if dist.is_initialized():
+        dist.barrier()
     return exc.exit_code
 
 
 def failure_status(exc: Exception) -> int:
-    """An error that is not bad input: the failing rank re-raises it (its traceback is printed)
-    after posting it for the other ranks; a rank whose error follows a peer's failure (a closed
-    socket) has printed one line naming that peer, and gets its exit status."""
+    """The exit status of an error that is not bad input: the failing rank prints its traceback
+    (through ``sys.excepthook``, which torch prefixes with the rank) and posts it for the other
+    ranks, status 1; a rank whose error follows a peer's failure (a closed socket) prints one
+    line naming that peer instead, and takes its status."""
     from trainer.peers import report_failure
 
-    code = report_failure(exc)
-    if code is None:
-        raise exc
-    return code
+    code = report_failure(exc, lambda: sys.excepthook(type(exc), exc, exc.__traceback__))
+    return 1 if code is None else code
 
 
 def main_stage1(argv: Sequence[str] | None = None) -> int:

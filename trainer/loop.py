@@ -262,6 +262,9 @@ class Trainer:
         opt_d = build_optimizer(cfg.optim.discriminator, discriminator)
         sched_g = self._scheduler(cfg.optim.generator, opt_g, t.max_steps)
         sched_d = self._scheduler(cfg.optim.discriminator, opt_d, t.max_steps * t.d_steps_per_g_step)
+        # Each loader draws its iterators' base seed from a generator of its own, not from torch's
+        # global one: a resumed run starts its iterator mid-epoch, and a draw there would shift
+        # every global draw after it (dropout masks), and an eval would shift training's.
         train_loader = torch.utils.data.DataLoader(
             train_set,
             batch_size=t.batch_size,
@@ -269,9 +272,14 @@ class Trainer:
             drop_last=True,
             collate_fn=self.task.collate,
             num_workers=t.num_workers,
+            generator=torch.Generator().manual_seed(t.seed),
         )
         eval_loader = torch.utils.data.DataLoader(
-            eval_set, batch_size=cfg.eval.batch_size, shuffle=False, collate_fn=self.task.collate
+            eval_set,
+            batch_size=cfg.eval.batch_size,
+            shuffle=False,
+            collate_fn=self.task.collate,
+            generator=torch.Generator().manual_seed(t.seed),
         )
         (generator, discriminator, opt_g, opt_d, sched_g, sched_d, self.train_loader, self.eval_loader) = (
             accelerator.prepare(generator, discriminator, opt_g, opt_d, sched_g, sched_d, train_loader, eval_loader)

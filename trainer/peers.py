@@ -23,6 +23,7 @@ import select
 import signal
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 from trainer.errors import UserError, print_error_line
@@ -77,15 +78,18 @@ class PeerWatch:
         self._thread.start()
 
     # -- a rank whose main thread fails ---------------------------------------------------------
-    def report_failure(self, exc: BaseException) -> int | None:
+    def report_failure(self, exc: BaseException, announce: Callable[[], None]) -> int | None:
         """Called where an error ends this rank's run. If another rank failed first (this
         error is then the consequence, e.g. gloo's closed socket), print one line naming it and
-        return its exit status; else post this rank's failure and return None."""
+        return its exit status. Else ``announce`` this rank's error (its line or traceback)
+        first, since the others exit once they read the notice and the launcher then ends this
+        rank, then post the notice and return None."""
         self.failing = True
         notice = self._notice()
         if notice is not None and int(notice[0]) != self.rank:
             self._obey(notice)
             return int(notice[1])
+        announce()
         self._post(exc)
         return None
 
@@ -194,6 +198,9 @@ def close_watch() -> None:
         WATCH = None
 
 
-def report_failure(exc: BaseException) -> int | None:
-    """See :meth:`PeerWatch.report_failure` (None in a process without a watch)."""
-    return WATCH.report_failure(exc) if WATCH is not None else None
+def report_failure(exc: BaseException, announce: Callable[[], None]) -> int | None:
+    """See :meth:`PeerWatch.report_failure` (in a process without a watch: ``announce``, None)."""
+    if WATCH is None:
+        announce()
+        return None
+    return WATCH.report_failure(exc, announce)
