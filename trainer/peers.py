@@ -23,7 +23,7 @@ import select
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 from trainer.errors import UserError, print_error_line
@@ -61,7 +61,8 @@ def _connect(timeout_s: float):
 class PeerWatch:
     """The notice board of a launched job and the thread that watches it and the stop signals.
 
-    Started on every rank once the process group exists; lives until the process exits.
+    Started on every rank once the process group exists; ended by :func:`close_watch` (from
+    ``runtime.end_process_group``) or the process's exit.
     """
 
     def __init__(self, rank: int, world_size: int, stop_grace_s: float, timeout_s: float) -> None:
@@ -109,7 +110,7 @@ class PeerWatch:
 
     # -- every rank ---------------------------------------------------------------------------
     @contextlib.contextmanager
-    def stop_signals_seen(self):
+    def stop_signals_seen(self) -> Iterator[None]:
         """While inside, stop signals also reach this thread through the wake-up pipe (the
         main thread's handlers stay as they are). Main thread only."""
         previous = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
@@ -120,9 +121,8 @@ class PeerWatch:
             self.stop_since = None
 
     def close(self) -> None:
-        """Stop the thread and let go of the store, before the process group ends: a store
-        client still in use by a thread while the interpreter exits can abort the process
-        ("terminate called without an active exception")."""
+        """Stop the thread and let go of the store before the process group ends, so that no
+        thread is inside a store call while the interpreter tears the process down."""
         self._closing.set()
         with contextlib.suppress(OSError):
             os.write(self._write_fd, b"\0")  # wakes the select at once
