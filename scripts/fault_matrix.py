@@ -349,8 +349,10 @@ def kill_during_checkpoint(work: Path, processes: int) -> Outcome:
     start = time.monotonic()
     caught = None
     while proc.poll() is None and time.monotonic() - start < HARD_TIMEOUT:
-        partial = [p for p in root.glob(".partial-step-*")] if root.exists() else []
+        # The complete ones first: a partial directory seen after them was not renamed yet
+        # (the other order can see one write both as partial and, a moment later, complete).
         complete = sorted(root.glob("step-*")) if root.exists() else []
+        partial = [p for p in root.glob(".partial-step-*")] if root.exists() else []
         if partial and complete:
             caught = partial[0].name
             # The whole job: the launcher's group and every rank (the launcher starts the
@@ -362,6 +364,9 @@ def kill_during_checkpoint(work: Path, processes: int) -> Outcome:
         time.sleep(0.002)
     wait(proc)
     survivors = [p for p in pids.values() if alive(p)]
+    # The write may have ended between the look and the kill: then it is the newest complete
+    # checkpoint; else the one before it (save_every 2) is.
+    mid_write = caught is not None and (root / caught).exists()
     if caught is None:
         return Outcome(
             "SIGKILL job during checkpoint write",
@@ -376,10 +381,11 @@ def kill_during_checkpoint(work: Path, processes: int) -> Outcome:
     latest = resolve_resume("latest", run.out)
     resumed, seconds = run.run("--resume", "latest")
     latest_step = int(latest.name[5:]) if latest else -1
-    previous_step = int(caught[len(".partial-step-") :]) - 2  # save_every
+    caught_step = int(caught[len(".partial-step-") :])
+    expected = caught_step - 2 if mid_write else caught_step
     ok = (
         not survivors
-        and latest_step == previous_step
+        and latest_step == expected
         and resumed.returncode == 0
         and f"at step {latest_step}" in resumed.stderr
     )
@@ -387,7 +393,8 @@ def kill_during_checkpoint(work: Path, processes: int) -> Outcome:
         "SIGKILL job during checkpoint write",
         processes,
         ok,
-        f"killed in {caught}; resumed from {latest.name if latest else None}: exit {resumed.returncode}",
+        f"killed in {caught}{'' if mid_write else ' (as its write ended)'}; resumed from "
+        f"{latest.name if latest else None}: exit {resumed.returncode}",
         seconds,
         run.on_disk(),
     )
