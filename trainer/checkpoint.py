@@ -57,9 +57,8 @@ SHAPE_KEYS = ("training.batch_size", "training.gradient_accumulation_steps", "tr
 
 def run_shape(config: Config, processes: int) -> dict[str, int]:
     """The values of ``SHAPE_KEYS`` and the number of processes, as a checkpoint records them."""
-    t = config.training
-    values = (t.batch_size, t.gradient_accumulation_steps, t.d_steps_per_g_step)
-    return {"processes": processes, **dict(zip(SHAPE_KEYS, values, strict=True))}
+    values = {key: getattr(config.training, key.removeprefix("training.")) for key in SHAPE_KEYS}
+    return {"processes": processes, **values}
 
 
 def check_shape(path: Path, written: dict[str, int] | None, current: dict[str, int]) -> None:
@@ -178,19 +177,15 @@ def resolve_resume(resume: str, output_dir: Path) -> Path | None:
 
 
 def fsync_tree(root: Path) -> None:
-    """Flush every file under ``root`` and every directory of it (``root`` included) to disk,
-    so that a rename that follows publishes data that a crash cannot take back."""
+    """Flush every file under ``root`` and every directory of it (``root`` last) to disk, so
+    that a rename that follows publishes data that a crash cannot take back."""
     for path in sorted(root.rglob("*"), key=lambda p: len(p.parts), reverse=True) + [root]:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(path)
 
 
-def fsync_dir(directory: Path) -> None:
-    """Flush a directory's entries (a rename in it) to disk."""
-    fd = os.open(directory, os.O_RDONLY)
+def fsync_path(path: Path) -> None:
+    """Flush one file, or a directory's entries (a rename in it), to disk."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -259,7 +254,7 @@ def save_checkpoint(
         if final.exists():
             shutil.rmtree(final)
         partial.rename(final)
-        fsync_dir(root)
+        fsync_path(root)
         for old in stale_checkpoints(output_dir, state.run_id, keep, final):
             shutil.rmtree(old, ignore_errors=True)
     # Every rank leaves once the checkpoint has its final name (the callers' long-work bound
@@ -312,4 +307,4 @@ def export_model(accelerator: Accelerator, model: nn.Module, directory: Path) ->
         shutil.rmtree(directory)
     fsync_tree(partial)
     partial.rename(directory)
-    fsync_dir(directory.parent)
+    fsync_path(directory.parent)

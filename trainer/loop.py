@@ -244,8 +244,11 @@ class Trainer:
                 "claiming the output directory",
                 lambda: checkpoint.claim_output_dir(self.output_dir, self.overwrite),
             )
+        # A fresh run's id, recorded in its checkpoints (a resume takes the checkpoint's): rank
+        # 0's, so that the state is the same on every rank.
+        run_id = runtime.from_main_process(accelerator, uuid.uuid4().hex, "the run id")
         if training:
-            runtime.check_shared_output_dir(accelerator, self.output_dir)
+            runtime.check_shared_output_dir(accelerator, self.output_dir, run_id)
         if accelerator.is_main_process and training:
             write_resolved(self.run, self.output_dir)
 
@@ -310,8 +313,7 @@ class Trainer:
 
         plain = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
         self.direct_step = accelerator.scaler is None and accelerator.distributed_type in plain
-        # A fresh run's id: rank 0's is the one its checkpoints record.
-        self.state = TrainState(run_id=uuid.uuid4().hex)
+        self.state = TrainState(run_id=run_id)
         self.noise = torch.Generator(device=accelerator.device)
         self.noise.manual_seed(noise_seed(t.seed, accelerator.process_index))
         resumed_from = None

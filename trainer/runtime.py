@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import resource
 import socket
-import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -266,23 +265,23 @@ def on_main_process(accelerator: Accelerator, what: str, action: Callable[[], T]
     return agreed(accelerator, what, action if accelerator.is_main_process else lambda: None)
 
 
-def check_shared_output_dir(accelerator: Accelerator, output_dir: Path) -> None:
+def check_shared_output_dir(accelerator: Accelerator, output_dir: Path, token: str) -> None:
     """Fail on every rank when a rank does not see the files the main process writes in
     ``output_dir``: every rank writes its part of a checkpoint there and the main process
-    renames it, so on several nodes it must be one shared directory (a network filesystem)."""
+    renames it, so on several nodes it must be one shared directory (a network filesystem).
+    ``token`` names the file, the same on every rank."""
     if accelerator.num_processes == 1:
         return
-    token = f".shared-check-{uuid.uuid4().hex}"
+    marker = output_dir / f".shared-check-{token}"
 
-    def write_token() -> None:
+    def write_marker() -> None:
         output_dir.mkdir(parents=True, exist_ok=True)
-        (output_dir / token).write_text(token)
+        marker.write_text(token)
 
-    on_main_process(accelerator, f"writing {output_dir}", write_token)
-    token = from_main_process(accelerator, token, "the shared-directory token")
-    blind = ranks_with(accelerator, not (output_dir / token).is_file(), "ranks that cannot see the output directory")
+    on_main_process(accelerator, f"writing {output_dir}", write_marker)
+    blind = ranks_with(accelerator, not marker.is_file(), "ranks that cannot see the output directory")
     if accelerator.is_main_process:
-        (output_dir / token).unlink(missing_ok=True)
+        marker.unlink(missing_ok=True)
     if blind:
         error = UserError(
             f"{output_dir}: rank(s) {', '.join(map(str, blind))} do not see the files rank 0 writes there; the "
