@@ -103,3 +103,21 @@ def test_fsync_tree_flushes_every_file_and_directory_before_a_rename(tmp_path, m
     expected = {str(tree), str(tree / "sub"), str(tree / "a.safetensors"), str(tree / "sub" / "b.bin")}
     assert set(flushed) == expected
     assert flushed[-1] == str(tree)  # the directory after its entries
+
+
+@pytest.mark.timeout(120)
+def test_every_checkpoint_and_export_is_flushed_before_its_rename(tmp_path, monkeypatch):
+    from trainer import Trainer, checkpoint, load_config
+
+    flushed = []
+    real = checkpoint.fsync_tree
+    monkeypatch.setattr(checkpoint, "fsync_tree", lambda root: (flushed.append(root), real(root)))
+    config = write_run(tmp_path, {"training": {"max_steps": 4, "save_every": 2, "best_metric": "reverse_kl"}})
+    Trainer(load_config(config), device="cpu").fit()
+    out = tmp_path / "out"
+    names = [(path.parent.name, path.name) for path in flushed]
+    assert ("checkpoints", ".partial-step-0000002") in names and ("checkpoints", ".partial-step-0000004") in names
+    assert ("final", ".partial-generator") in names and ("final", ".partial-discriminator") in names
+    assert ("best", ".partial-generator") in names
+    assert not any(path.exists() for path in flushed)  # each was renamed after its flush
+    assert (out / "checkpoints" / "step-0000004").is_dir()
