@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from helpers import env as launch_env  # noqa: E402  (tests/helpers.py: the launch commands)
-from helpers import free_port, launch_command  # noqa: E402
+from helpers import free_port, launch_command, worker_env  # noqa: E402
 
 HARD_TIMEOUT = 180
 WATCHDOG_S = 5.0
@@ -161,6 +161,22 @@ def weight_difference(a: Path, b: Path) -> float:
             return float("inf")
         largest = max([largest, *((left[k] - right[k]).abs().max().item() for k in left)])
     return largest
+
+
+def same_as_uninterrupted(resumed: Path, whole: Path, processes: int, missing: str) -> tuple[bool, str]:
+    """Whether the final weights of a resumed run equal an uninterrupted run's, and how it reads.
+
+    With 3 or more ranks, DDP's first iteration after a restart may group the gradient sums
+    differently from the uninterrupted run (floating-point sums depend on the grouping), so the
+    resumed weights can differ in the last bits; with 1 or 2 ranks they are identical.
+    ``missing`` is the text when ``resumed`` has no final/.
+    """
+    if not (resumed / "final").is_dir() or not (whole / "final").is_dir():
+        return False, missing
+    difference = weight_difference(resumed / "final", whole / "final")
+    if difference == 0.0:
+        return True, "bit-identical"
+    return processes > 2 and difference <= 1e-5, f"max |diff| {difference:.1e}"
 
 
 def wait(proc: subprocess.Popen, timeout: float = HARD_TIMEOUT) -> tuple[int, str, str]:
@@ -417,18 +433,9 @@ def terminate_one_rank(work: Path, processes: int) -> Outcome:
     stopped_ok = code == 0 and "stopped by a stop signal" in stdout and len(saved) == 1
     on_disk = run.on_disk()
     resumed, _ = run.run("--resume", "latest")
-    difference = weight_difference(run.out / "final", whole.out / "final") if resumed.returncode == 0 else None
-    # With 3 or more ranks, DDP's first iteration after a restart may group the gradient sums
-    # differently from the uninterrupted run (floating-point sums depend on the grouping), so
-    # the resumed weights can differ in the last bits; with 1 or 2 ranks they are identical.
-    exact = difference == 0.0
-    close = difference is not None and difference <= 1e-5
-    ok = stopped_ok and (exact or (processes > 2 and close))
+    same, resumed_text = same_as_uninterrupted(run.out, whole.out, processes, "resume failed")
+    ok = stopped_ok and resumed.returncode == 0 and same
     where = saved[0].name if saved else "no checkpoint"
-    if difference is None:
-        resumed_text = "resume failed"
-    else:
-        resumed_text = "bit-identical" if exact else f"max |diff| {difference:.1e}"
     outcome = f"exit {code} at {where}; resumed vs uninterrupted: {resumed_text}"
     return Outcome("SIGTERM one rank", processes, ok, outcome, seconds, on_disk)
 
@@ -501,17 +508,8 @@ def restart_after_kill(launcher: str) -> Callable[[Path, int], Outcome]:
         train = run.records("train")
         last = train[-1]["step"] if train else None
         resumed = "resumed from" in result.stderr and "step-0000004 at step 4" in result.stderr
-        difference = None
-        if result.returncode == 0 and (run.out / "final").is_dir() and (whole.out / "final").is_dir():
-            difference = weight_difference(run.out / "final", whole.out / "final")
-        # At 3+ ranks DDP's first iteration after a restart may sum in another order (see
-        # terminate_one_rank): the last bits may differ.
-        same = difference == 0.0 or (processes > 2 and difference is not None and difference <= 1e-5)
+        same, weights = same_as_uninterrupted(run.out, whole.out, processes, "no final/")
         ok = marker.exists() and result.returncode == 0 and last == 12 and resumed and same
-        if difference is None:
-            weights = "no final/"
-        else:
-            weights = "bit-identical" if difference == 0.0 else f"max |diff| {difference:.1e}"
         outcome = (
             f"{'killed' if marker.exists() else 'never killed'}; exit {result.returncode}, last train step {last}, "
             f"{'resumed from step-0000004' if resumed else 'no resume line'}; vs uninterrupted: {weights}"
@@ -593,22 +591,15 @@ def output_not_shared(work: Path, processes: int) -> Outcome:
     if processes == 1:
         return Outcome(label, 1, True, "not applicable: one rank", 0.0, "nothing")
     run = Run(work, processes, output_dir="out")
-    port = str(free_port())
+    port = free_port()
     start = time.monotonic()
     procs = []
     for rank in range(processes):
         node = work / f"node{rank}"
         node.mkdir(exist_ok=True)
-        worker_env = run.env() | {
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(processes),
-            "LOCAL_WORLD_SIZE": str(processes),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port,
-        }
         cmd = [sys.executable, str(ROOT / "scripts" / "train_stage2.py"), *run.args]
-        procs.append(subprocess.Popen(cmd, cwd=node, env=worker_env, stderr=subprocess.PIPE, text=True))
+        env = worker_env(rank, processes, port)
+        procs.append(subprocess.Popen(cmd, cwd=node, env=env, stderr=subprocess.PIPE, text=True))
     stderr = "".join(wait(proc)[2] for proc in procs)
     seconds = time.monotonic() - start
     refused = every_rank_says(stderr, processes, "shared by every node")

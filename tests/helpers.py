@@ -73,6 +73,19 @@ def env() -> dict[str, str]:
     return out
 
 
+def worker_env(rank: int, world_size: int, port: int) -> dict[str, str]:
+    """The environment a launcher gives worker ``rank`` of a one-node job (for workers that a
+    test starts by hand, to give each its own port or working directory)."""
+    return env() | {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -7,23 +7,17 @@ import sys
 import time
 
 import pytest
-from helpers import SCRIPT, env, free_port, write_run
+from helpers import SCRIPT, free_port, worker_env, write_run
 
 TIMEOUT_S = 6
 
 
 def start_worker(config, rank: int, port: int, cwd=None) -> subprocess.Popen:
     """One of two workers started by hand, with the environment a launcher would give it."""
-    worker_env = env() | {
-        "RANK": str(rank),
-        "LOCAL_RANK": str(rank),
-        "WORLD_SIZE": "2",
-        "LOCAL_WORLD_SIZE": "2",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-    }
     cmd = [sys.executable, str(SCRIPT), "--config", str(config), "--device", "cpu"]
-    return subprocess.Popen(cmd, env=worker_env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        cmd, env=worker_env(rank, 2, port), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 @pytest.mark.timeout(120)
