@@ -8,6 +8,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
@@ -33,6 +34,16 @@ class Overflow(GaussianMixtureTask):
     def discriminator_loss(self, discriminator, real, fake, rng, penalties):
         loss, parts = super().discriminator_loss(discriminator, real, fake, rng, penalties)
         return (loss * float("inf") if Overflow.armed else loss), parts
+
+
+class PenaltyScale(GaussianMixtureTask):
+    """Records the gradient scale each discriminator step's penalties were given."""
+
+    seen: ClassVar[list[float]] = []
+
+    def discriminator_loss(self, discriminator, real, fake, rng, penalties):
+        PenaltyScale.seen.append(penalties.grad_scale)
+        return super().discriminator_loss(discriminator, real, fake, rng, penalties)
 
 
 class ReducerWatch(FixedNoiseMixture):

@@ -53,6 +53,51 @@ def test_penalties_on_a_linear_critic():
     assert float(losses.r1_penalty(real @ w, real)) == pytest.approx(25.0)
 
 
+def half_precision_critic(points: torch.Tensor) -> torch.Tensor:
+    """D(x) = sum(((x * a) * b) * c) in float16: dD/dx = a*b*c = 1e-4, but the gradient
+    reaching x * a is b*c = 1e-8, below float16's smallest subnormal (6e-8). (A scale of 2**16
+    would overflow float16 at the cast of the scores: a GradScaler then backs off.)"""
+    a, b, c = (torch.tensor(v, dtype=torch.float16) for v in (1e4, 1e-4, 1e-4))
+    return (((points * a) * b) * c).sum(dim=1).float()
+
+
+@pytest.mark.parametrize("penalty", ["gradient_penalty", "r1_penalty"])
+def test_penalties_under_fp16_follow_the_amp_recipe(penalty):
+    a, b, c = (float(torch.tensor(v, dtype=torch.float16)) for v in (1e4, 1e-4, 1e-4))
+    dims = 4
+    norm = math.sqrt(dims) * a * b * c  # every sample's input gradient, in float64
+    expected = (norm - 1) ** 2 if penalty == "gradient_penalty" else norm**2
+    function = getattr(losses, penalty)
+    points = torch.ones(3, dims, dtype=torch.float16, requires_grad=True)
+    scaled = float(function(half_precision_critic(points), points, grad_scale=2.0**14))
+    # float16 rounds each product (relative 5e-4): R1, the squared norm, to 1e-3 of the exact;
+    # GP, (norm - 1)^2 for a norm of 2e-4, far closer than the 4e-4 an unscaled zero costs
+    assert scaled == pytest.approx(expected, rel=1e-3 if penalty == "r1_penalty" else 1e-5)
+    # Unscaled, the gradient underflows to zero: the case the scale exists for.
+    unscaled = float(function(half_precision_critic(points), points))
+    assert unscaled == pytest.approx((0 - 1) ** 2 if penalty == "gradient_penalty" else 0.0)
+
+
+@pytest.mark.timeout(120)
+def test_the_loop_gives_the_penalties_the_scalers_scale(tmp_path):
+    """Under a GradScaler each D step's penalties get its scale; in float32, scaling then
+    unscaling by a power of two is exact, so the R1 term equals the unscaled run's."""
+    from fixture_tasks import PenaltyScale
+
+    from trainer.config import load_config
+    from trainer.loop import Trainer
+
+    r1 = {}
+    for name, scaler in (("plain", None), ("scaled", torch.amp.GradScaler("cpu", init_scale=2.0**16))):
+        PenaltyScale.seen.clear()
+        training = {"loss": "hinge", "r1_weight": 1.0, "max_steps": 2, "log_every": 1}
+        config = write_run(tmp_path / name, {"task": "fixture_tasks:PenaltyScale", "training": training})
+        Trainer(load_config(config), device="cpu", scaler=scaler).fit()
+        assert PenaltyScale.seen == [1.0 if scaler is None else 2.0**16] * 2
+        r1[name] = [record["r1"] for record in records(tmp_path / name / "out", "train")]
+    assert r1["scaled"] == r1["plain"] and all(value > 0 for value in r1["plain"])
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     "training",

@@ -425,10 +425,14 @@ class Trainer:
     def _penalties(self) -> Penalties:
         t = self.config.training
         lazy_r1 = t.r1_weight > 0 and self.state.d_steps % t.r1_interval == 0
-        return Penalties(
+        penalties = Penalties(
             gradient_penalty=t.gp_weight if t.loss == "wasserstein" else 0.0,
             r1=t.r1_weight * t.r1_interval if lazy_r1 else 0.0,
         )
+        scaler = self.accelerator.scaler
+        if scaler is not None and (penalties.gradient_penalty > 0 or penalties.r1 > 0):
+            penalties.grad_scale = float(scaler.get_scale())
+        return penalties
 
     def discriminator_phase(self) -> None:
         """Micro-batches of real vs generated under accumulate(D); then D's optimizer steps."""

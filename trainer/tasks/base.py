@@ -32,6 +32,9 @@ class Penalties:
 
     gradient_penalty: float = 0.0
     r1: float = 0.0
+    #: the GradScaler's scale under fp16 (1 otherwise): the penalties' input gradients are
+    #: taken from scaled scores and unscaled (see ``losses.input_gradients``)
+    grad_scale: float = 1.0
 
 
 class Task:
@@ -131,10 +134,10 @@ class Task:
         loss = losses.discriminator_loss(kind, scores[0], scores[1])
         parts = {"d_real": scores[0].detach().mean(), "d_fake": scores[1].detach().mean()}
         if penalties.gradient_penalty > 0:
-            parts["gradient_penalty"] = losses.gradient_penalty(scores[2], inputs[2])
+            parts["gradient_penalty"] = losses.gradient_penalty(scores[2], inputs[2], penalties.grad_scale)
             loss = loss + penalties.gradient_penalty * parts["gradient_penalty"]
         if penalties.r1 > 0:
-            parts["r1"] = losses.r1_penalty(scores[0], real)
+            parts["r1"] = losses.r1_penalty(scores[0], real, penalties.grad_scale)
             loss = loss + penalties.r1 * parts["r1"]
         return loss, parts
 
