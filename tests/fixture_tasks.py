@@ -142,6 +142,9 @@ class FaultOptions(GaussianMixtureOptions):
     slow_rename_s: float = 0.0
     #: on this D-loss call, each rank sends itself SIGTERM (0: never)
     sigterm_call: int = 0
+    #: rank 1 breaks the task contract: "loss_part" (an extra loss part), "eval_key" (an
+    #: extra eval output) or "eval_rank" (an eval output with one more dimension) ("": never)
+    uneven: str = ""
 
 
 ERRORS = {
@@ -207,6 +210,8 @@ class Faults(GaussianMixtureTask):
         loss, parts = super().discriminator_loss(discriminator, real, fake, rng, penalties)
         if rank == o.nan_rank and o.nan_first_call <= Faults.calls <= o.nan_last_call:
             loss = loss * float("nan")
+        if rank == 1 and o.uneven == "loss_part":
+            parts["extra"] = loss.detach()
         return loss, parts
 
     def eval_outputs(self, generator, discriminator, batch):
@@ -214,6 +219,11 @@ class Faults(GaussianMixtureTask):
         outputs = super().eval_outputs(generator, discriminator, batch)
         checksum = sum(p.double().sum() for p in [*generator.parameters(), *discriminator.parameters()])
         outputs["checksum"] = checksum.expand(len(batch["real"])).clone()
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        if rank == 1 and self.options.uneven == "eval_key":
+            outputs["extra"] = outputs["checksum"].clone()
+        if rank == 1 and self.options.uneven == "eval_rank":
+            outputs["checksum"] = outputs["checksum"][:, None]
         return outputs
 
     def eval_metrics(self, outputs):

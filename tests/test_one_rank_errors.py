@@ -97,3 +97,28 @@ def test_the_others_wait_for_the_main_process_s_writes_with_the_long_work_bound(
     result = launch(["--config", str(config), "--device", "cpu"], 2, timeout=180)
     assert result.returncode == 0, result.stderr[-4000:]
     assert not list((tmp_path / "out").glob("stall-rank*.txt"))
+
+
+CONTRACT_BREAKS = {
+    "loss_part": "loss parts",
+    "eval_key": "eval outputs",
+    "eval_rank": "eval outputs",
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("uneven", list(CONTRACT_BREAKS))
+def test_a_task_that_differs_between_ranks_is_named_on_every_rank(tmp_path, uneven):
+    """A task whose loss parts or eval outputs differ between ranks would send the ranks into
+    different collectives (a mismatched reduce or gather); every rank stops with one line
+    naming what differs and on which rank, exit 2."""
+    args = faulty_run(tmp_path, {"uneven": uneven})
+    result = launch(args, 2, timeout=100)
+    # the launcher exits 1 whatever its workers' statuses; it names the first one to end
+    assert result.returncode != 0 and "(exitcode: 2)" in result.stderr, result.stderr[-3000:]
+    lines = error_lines(result.stderr)
+    assert len(lines) == 2 and {line.split(")")[0] for line in lines} == {"error (rank 0", "error (rank 1"}
+    for line in lines:
+        assert f"Faults returns different {CONTRACT_BREAKS[uneven]} on different ranks" in line, line
+        assert "rank 1:" in line and ("extra" in line or "2 dims" in line), line
+    assert "]: Traceback" not in result.stderr  # no worker traceback (the launcher prints its own)

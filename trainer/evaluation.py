@@ -35,6 +35,13 @@ def concatenate(chunks: list[dict[str, torch.Tensor]], pad_value: float) -> dict
     return joined
 
 
+def output_layout(outputs: dict[str, torch.Tensor]) -> str:
+    """Keys (in order), number of dimensions and dtype of a batch of eval outputs."""
+    return ", ".join(
+        f"{key} {value.dim()} dims {str(value.dtype).removeprefix('torch.')}" for key, value in outputs.items()
+    )
+
+
 @torch.no_grad()
 def evaluate(
     accelerator: Accelerator,
@@ -57,6 +64,14 @@ def evaluate(
         for batch in dataloader:
             HEARTBEAT.beat("eval")
             outputs = task.eval_outputs(bare_g, bare_d, batch)
+            if not chunks:  # the keys, ranks and dtypes decide the collectives that follow
+                runtime.check_same_on_every_rank(
+                    accelerator,
+                    output_layout(outputs),
+                    f"{type(task).__name__} returns different eval outputs",
+                    "eval_outputs must return the same keys, each with the same number of "
+                    "dimensions and dtype, on every rank (they are gathered across ranks)",
+                )
             outputs = {
                 key: accelerator.pad_across_processes(value, dim=1, pad_index=task.eval_pad_value)
                 if value.dim() >= 2

@@ -634,6 +634,13 @@ class Trainer:
         acc, t = self.accelerator, self.config.training
         window = {name: mean for phase in (self.d, self.g) for name, mean in phase.window_means().items()}
         names, sums = list(window), list(window.values())
+        runtime.check_same_on_every_rank(
+            acc,
+            ", ".join(names),
+            f"{type(self.task).__name__} returns different loss parts",
+            "discriminator_loss and generator_loss must return the same keys on every rank "
+            "(they are averaged across ranks)",
+        )
         means = torch.stack(sums)
         if acc.num_processes > 1:
             HEARTBEAT.collective_entered("all_reduce (train losses for the log)")

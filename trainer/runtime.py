@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import resource
 import socket
+import zlib
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -227,6 +228,24 @@ def ranks_with(accelerator: Accelerator, flag: bool, purpose: str) -> list[int]:
         flags = accelerator.gather(flags)
     gathered = flags
     return [rank for rank, value in enumerate(gathered.tolist()) if value > 0]
+
+
+def check_same_on_every_rank(accelerator: Accelerator, value: str, what: str, remedy: str) -> None:
+    """Fail on every rank when ``value`` (a description of something that the next collectives
+    need alike on every rank) differs between ranks: one all-gather of a checksum; the
+    descriptions themselves are gathered only when they differ, to name them."""
+    if accelerator.num_processes == 1:
+        return
+    checksum = torch.tensor([zlib.crc32(value.encode())], dtype=torch.int64, device=accelerator.device)
+    HEARTBEAT.collective_entered(f"all_gather ({what}, checksum)")
+    if len(set(accelerator.gather(checksum).tolist())) == 1:
+        return
+    HEARTBEAT.collective_entered(f"gather_object ({what})")
+    values = gather_object([value])
+    seen = "; ".join(f"rank {rank}: {text}" for rank, text in enumerate(values))
+    error = UserError(f"{what} on different ranks ({seen}); {remedy}")
+    error.agreed = True
+    raise error
 
 
 def from_main_process(accelerator: Accelerator, value: T, purpose: str) -> T:
