@@ -12,12 +12,54 @@ from helpers import SCRIPT, free_port, worker_env, write_run
 TIMEOUT_S = 6
 
 
-def start_worker(config, rank: int, port: int, cwd=None) -> subprocess.Popen:
+def start_worker(config, rank: int, port: int, cwd=None, device="cpu", env=None) -> subprocess.Popen:
     """One of two workers started by hand, with the environment a launcher would give it."""
-    cmd = [sys.executable, str(SCRIPT), "--config", str(config), "--device", "cpu"]
+    cmd = [sys.executable, str(SCRIPT), "--config", str(config), "--device", device]
     return subprocess.Popen(
-        cmd, env=worker_env(rank, 2, port), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        cmd,
+        env=worker_env(rank, 2, port) | (env or {}),
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error (rank")]
+
+
+#: a sitecustomize that makes torch report a CUDA device in the process of rank 0 alone: a
+#: node whose CUDA works beside one whose CUDA does not
+RANK0_SEES_CUDA = """
+import os
+if os.environ.get("RANK") == "0":
+    import torch
+    torch.cuda.is_available = lambda: True
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("device", ["auto", "cuda"])
+def test_ranks_that_would_resolve_the_device_differently_are_refused_on_every_rank(tmp_path, device):
+    """--device auto would give rank 0 NCCL and rank 1 gloo, which cannot form one group; the
+    device is agreed before the group forms, and the difference named on every rank (exit 2)."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(RANK0_SEES_CUDA)
+    config = write_run(tmp_path, {"distributed": {"timeout_s": 30}})
+    port = free_port()
+    extra = {"PYTHONPATH": f"{tmp_path / 'site'}:{worker_env(0, 2, port)['PYTHONPATH']}"}
+    start = time.monotonic()
+    procs = [start_worker(config, rank, port, device=device, env=extra) for rank in (0, 1)]
+    outputs = [proc.communicate(timeout=90) for proc in procs]
+    for rank, (proc, (_, stderr)) in enumerate(zip(procs, outputs, strict=True)):
+        lines = error_lines(stderr)
+        assert proc.returncode == 2, stderr[-3000:]
+        assert len(lines) == 1, stderr[-3000:]
+        assert lines[0].startswith(f"error (rank {rank}): --device {device}: "), lines
+        assert "rank(s) 1" in lines[0] and "no usable CUDA device" in lines[0], lines
+        assert "Traceback" not in stderr
+    assert time.monotonic() - start < 30  # agreed at once, not found by a timeout
 
 
 @pytest.mark.timeout(120)
@@ -31,7 +73,7 @@ def test_a_rank_with_a_wrong_master_port_ends_every_rank_within_the_timeout(tmp_
     outputs = [proc.communicate(timeout=TIMEOUT_S + 60) for proc in procs]
     elapsed = time.monotonic() - start
     for rank, (proc, (_, stderr)) in enumerate(zip(procs, outputs, strict=True)):
-        lines = [line for line in stderr.splitlines() if line.startswith("error (rank")]
+        lines = error_lines(stderr)
         assert proc.returncode != 0, stderr[-2000:]
         assert len(lines) == 1, stderr[-3000:]
         # torch's own timeout (a DistError) or, past it, the start-up bound: either names the
@@ -56,7 +98,7 @@ def test_an_output_directory_not_shared_by_every_rank_is_refused(tmp_path):
         procs.append(start_worker(config, rank, port, cwd=tmp_path / f"node{rank}"))
     outputs = [proc.communicate(timeout=90) for proc in procs]
     for rank, (proc, (_, stderr)) in enumerate(zip(procs, outputs, strict=True)):
-        lines = [line for line in stderr.splitlines() if line.startswith("error (rank")]
+        lines = error_lines(stderr)
         assert proc.returncode == 2, stderr[-3000:]
         assert len(lines) == 1, stderr[-3000:]
         assert lines[0].startswith(f"error (rank {rank}): out: rank(s) 1 do not see"), lines

@@ -1,5 +1,5 @@
-"""Forming the process group: a key space of its own for each launcher round, and a bound on
-how long start-up may take.
+"""Forming the process group: a key space of its own for each launcher round, one device for
+every rank, and a bound on how long start-up may take.
 
 Why a key space of its own. Under ``torchrun --max-restarts N`` and ``accelerate launch
 --max_restarts N`` torch's elastic agent hosts one TCPStore for the whole job and hands it to
@@ -10,20 +10,22 @@ group's keys (gloo's listening addresses, NCCL's unique id) are named the same i
 so a restarted worker can read the previous round's address before its peer has written the
 new one: measured here, gloo's ``connectFullMesh`` then fails with "Connection refused" or
 waits past every timeout. The trainer forms the group itself on a ``PrefixStore`` named after
-``TORCHELASTIC_RESTART_COUNT``, and the Accelerator takes that group as it is.
+``TORCHELASTIC_RESTART_COUNT``, and the Accelerator takes that group as it is. Forming it
+itself also lets the ranks agree on the backend first (see :func:`agree_on_device`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
 
 import torch
 
-from trainer.errors import StartupError, print_error_line
+from trainer.errors import ConfigError, StartupError, print_error_line
 from trainer.watchdog import HEARTBEAT, STALL_EXIT_CODE
 
 #: seconds past ``distributed.timeout_s`` before the start-up bound ends a worker that torch
@@ -50,35 +52,74 @@ def in_elastic_round() -> bool:
     return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
 
 
-def join_elastic_round(cpu: bool, timeout_s: float) -> None:
-    """Form the default process group on the agent's store under this round's own prefix.
+def local_device(device: str) -> bool:
+    """Whether ``--device`` means the CPU in this process, from this process's view alone (a
+    run of one process; a launched job agrees on it, see :func:`agree_on_device`)."""
+    if device == "cpu":
+        return True
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda: no CUDA device is available on this machine")
+        return False
+    if device == "auto":
+        return not torch.cuda.is_available()
+    raise ConfigError(f"--device {device}: expected auto, cpu or cuda")
 
-    Does nothing outside an elastic launch (accelerate then forms the group from env://) or
-    when a group exists. The restart count is the same for every worker of a single-node job
-    (one agent restarts them all); on several nodes each agent counts its own restarts, see
-    the README ("Automatic restarts").
+
+def agree_on_device(device: str, store: torch.distributed.Store, rank: int, world_size: int) -> bool:
+    """Whether every rank runs on the CPU (gloo) rather than CUDA (NCCL): one answer for all.
+
+    Each rank posts whether it sees a CUDA device and reads every other rank's, before the
+    group forms, since the backend is chosen from it. Under ``auto`` a job whose nodes differ
+    (a node with broken CUDA) would otherwise form half a gloo group and half an NCCL one,
+    which never meet; it is refused on every rank instead, as ``cuda`` is on a rank without it.
     """
-    if not in_elastic_round() or torch.distributed.is_initialized():
-        return
+    if device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"--device {device}: expected auto, cpu or cuda")
+    store.set(f"device/{rank}", f"{int(torch.cuda.is_available())} {socket.gethostname()}")
+    keys = [f"device/{peer}" for peer in range(world_size)]
+    store.wait(keys)
+    seen = [store.get(key).decode().split(" ", 1) for key in keys]
+    without = [(peer, host) for peer, (cuda, host) in enumerate(seen) if cuda == "0"]
+    if device == "cpu" or (device == "auto" and len(without) == world_size):
+        return True
+    if not without:
+        return False
+    ranks = ", ".join(str(peer) for peer, _ in without)
+    hosts = ", ".join(sorted({host for _, host in without}))
+    others = "" if len(without) == world_size else " while the others do, and the ranks must share one backend"
+    error = ConfigError(
+        f"--device {device}: rank(s) {ranks} (host {hosts}) have no usable CUDA device{others}; "
+        "fix CUDA there, or pass --device cpu to train every rank on the CPU"
+    )
+    error.agreed = True  # every rank read the same keys
+    raise error
+
+
+def form_process_group(device: str, timeout_s: float) -> bool:
+    """Form the default process group of a launched job (WORLD_SIZE > 1) on the launcher's store,
+    under this round's own prefix, on the backend every rank agreed on; returns whether that is
+    the CPU's. The Accelerator then takes the group as it is.
+
+    The store is torch's env:// one: the elastic agent's store under ``torchrun`` and
+    ``accelerate launch``, else one hosted by rank 0. Outside a launched job, or when a group
+    exists (a later run of a pipeline), only this process's view of ``--device`` counts. The
+    restart count is the same for every worker of a single-node job (one agent restarts them
+    all); on several nodes each agent counts its own restarts, see the README ("Automatic
+    restarts").
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or torch.distributed.is_initialized():
+        return local_device(device)
     timeout = timedelta(seconds=timeout_s)
     HEARTBEAT.beat(f"connecting to the launcher's store at {store_address()}")
-    agent_store = torch.distributed.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        int(os.environ["WORLD_SIZE"]),
-        is_master=False,
-        timeout=timeout,
-    )
-    store = torch.distributed.PrefixStore(round_prefix(), agent_store)
+    launcher_store, rank, world_size = next(torch.distributed.rendezvous("env://", timeout=timeout))
+    store = torch.distributed.PrefixStore(round_prefix(), launcher_store)
+    HEARTBEAT.beat(f"agreeing on the device through {store_address()}")
+    cpu = agree_on_device(device, store, rank, world_size)
     backend = "gloo" if cpu else "nccl"
     HEARTBEAT.beat(f"forming the {backend} process group under {round_prefix()} through {store_address()}")
-    torch.distributed.init_process_group(
-        backend,
-        store=store,
-        rank=int(os.environ["RANK"]),
-        world_size=int(os.environ["WORLD_SIZE"]),
-        timeout=timeout,
-    )
+    torch.distributed.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    return cpu
 
 
 @contextlib.contextmanager

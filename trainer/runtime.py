@@ -22,29 +22,13 @@ from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import DistributedType, GradientAccumulationPlugin, broadcast_object_list, gather_object
 
 from trainer.config import Config
-from trainer.errors import ConfigError, UserError
+from trainer.errors import UserError
 from trainer.peers import close_watch
-from trainer.process_group import join_elastic_round, startup_bound
+from trainer.process_group import form_process_group, startup_bound
 from trainer.watchdog import HEARTBEAT
 
 logger = get_logger("trainer")
 T = TypeVar("T")
-
-
-def wants_cpu(device: str) -> bool:
-    """Whether the Accelerator must be created with ``cpu=True`` for ``--device``.
-
-    Without it, a launcher on a machine with no GPU starts N separate one-process worlds.
-    """
-    if device == "cpu":
-        return True
-    if device == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError("--device cuda: no CUDA device is available on this machine")
-        return False
-    if device == "auto":
-        return not torch.cuda.is_available()
-    raise ConfigError(f"--device {device}: expected auto, cpu or cuda")
 
 
 def build_accelerator(
@@ -59,7 +43,6 @@ def build_accelerator(
     ``scaler`` replaces accelerate's GradScaler (tests use a CPU GradScaler to exercise the
     shared-scaler path, which accelerate does not create on the CPU).
     """
-    cpu = wants_cpu(device)
     if cfg.distributed.debug:
         # Read by torch when the process group starts: checks that every rank runs the same
         # collective and reports the mismatch instead of hanging.
@@ -68,7 +51,8 @@ def build_accelerator(
     AcceleratorState._reset_state()
     GradientState._reset_state()
     with startup_bound(cfg.distributed.timeout_s):
-        join_elastic_round(cpu, cfg.distributed.timeout_s)
+        # Without cpu=True on a machine without GPUs, a launcher starts N one-process worlds.
+        cpu = form_process_group(device, cfg.distributed.timeout_s)
         accelerator = make_accelerator(cfg, cpu, project_dir, log_with)
     if scaler is not None:
         accelerator.scaler = scaler
