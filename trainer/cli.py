@@ -85,6 +85,7 @@ def run_stage(args: argparse.Namespace, stage: int) -> int:
         if args.debug:
             debug_arguments(args)
         # Imported here so that --help and config errors stay fast and touch no device.
+        from trainer.config import load_config
         from trainer.stages import fit_run, fit_stage1
 
         flags = (args.config, args.overrides, args.generator_config, args.discriminator_config, args.output_dir)
@@ -92,7 +93,7 @@ def run_stage(args: argparse.Namespace, stage: int) -> int:
             result = fit_stage1(*flags, args.device, args.resume, args.overwrite)
             metrics, stopped = result.metrics, result.stopped
         else:
-            metrics, stopped = fit_run(*flags, args.device, args.resume, args.overwrite)
+            metrics, stopped = fit_run(load_config(*flags), args.device, args.resume, args.overwrite)
     except UserError as exc:
         return report(exc, rank)
     except Exception as exc:

@@ -263,6 +263,32 @@ def agreed(accelerator: Accelerator, what: str, action: Callable[[], T]) -> T:
     return result
 
 
+def agreed_between_runs(what: str, action: Callable[[], T]) -> T:
+    """:func:`agreed` for the work between two runs of a pipeline, where the earlier run's
+    process group exists but no Accelerator: ``action`` runs on every rank, a UserError on any
+    rank fails every rank (its message travels), and rank 0's result is every rank's. Without
+    a process group (the first run, one process) ``action`` runs alone."""
+    if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
+        return action()
+    error: UserError | None = None
+    result = None
+    try:
+        result = action()
+    except UserError as exc:
+        error = exc
+    outcomes: list[tuple[T | None, str | None]] = [(None, None)] * torch.distributed.get_world_size()
+    HEARTBEAT.collective_entered(f"all_gather_object ({what})")
+    torch.distributed.all_gather_object(outcomes, (result, None if error is None else str(error)))
+    failed = [rank for rank, (_, message) in enumerate(outcomes) if message is not None]
+    if failed:
+        if error is None:
+            ranks = ", ".join(map(str, failed))
+            error = UserError(f"{what} failed on rank(s) {ranks}: {outcomes[failed[0]][1]}")
+        error.agreed = True
+        raise error
+    return outcomes[0][0]
+
+
 def on_main_process(accelerator: Accelerator, what: str, action: Callable[[], T]) -> T | None:
     """:func:`agreed`, with ``action`` run by the main process only (the others get None)."""
     return agreed(accelerator, what, action if accelerator.is_main_process else lambda: None)

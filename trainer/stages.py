@@ -9,16 +9,19 @@ Stage 1 is two ordinary runs of the trainer with ``training.objective`` set:
   ``OUT/best/discriminator`` are the stage-1 pair that stage 2 takes in ``init.*``.
 
 Every rank runs the same sequence of runs; each run ends with a barrier after its final/
-export, so the next run's ``init.*`` paths exist on every rank when it starts.
+export, so the next run's ``init.*`` paths exist on every rank when it starts, and the next
+run's config (which weights it takes, its file checks) is agreed before it starts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.config import dotted, load_config, override_mapping
+from trainer import runtime
+from trainer.config import RunConfig, dotted, load_config, override_mapping
 from trainer.loop import Trainer
 
 
@@ -32,18 +35,27 @@ class StageResult:
     stopped: str | None = None
 
 
-def fit_run(
+def prepare_run(
+    what: str,
     config: str | Path,
-    overrides: list[str] | dict[str, Any] | None,
+    overrides: Callable[[], dict[str, Any]],
     generator_config: str | None,
     discriminator_config: str | None,
     output_dir: str | Path | None,
-    device: str,
-    resume: str | None,
-    overwrite: bool = False,
+) -> RunConfig:
+    """The config of a later run of a pipeline, read on every rank and agreed: which weights
+    of the earlier run it starts from (``overrides``, called on every rank) and the file checks
+    of its config are rank 0's, and a rank that fails them stops every rank before the run."""
+    return runtime.agreed_between_runs(
+        f"preparing the {what} run",
+        lambda: load_config(config, overrides(), generator_config, discriminator_config, output_dir),
+    )
+
+
+def fit_run(
+    run: RunConfig, device: str, resume: str | None, overwrite: bool = False
 ) -> tuple[dict[str, Any], str | None]:
     """One run of the trainer: its last eval metrics, and the cause of an agreed stop or None."""
-    run = load_config(config, overrides, generator_config, discriminator_config, output_dir)
     trainer = Trainer(run, device=device, resume=resume, overwrite=overwrite)
     return trainer.fit(), trainer.stopped
 
@@ -89,10 +101,15 @@ def fit_stage1(
         "stage 1 discriminator": (discriminator_overrides, out),
     }
     for name, (stage_overrides, run_dir) in parts.items():
-        overrides_now = {**common, **stage_overrides()}
-        result.metrics[name], result.stopped = fit_run(
-            config, overrides_now, generator_config, discriminator_config, run_dir, device, resume, overwrite
+        run = prepare_run(
+            name,
+            config,
+            lambda stage_overrides=stage_overrides: {**common, **stage_overrides()},
+            generator_config,
+            discriminator_config,
+            run_dir,
         )
+        result.metrics[name], result.stopped = fit_run(run, device, resume, overwrite)
         if result.stopped:
             break
     return result
@@ -117,9 +134,13 @@ def fit_pipeline(
     )
     if result.stopped:
         return result
-    init = {f"init.{role}": str(_weights(out / "stage1", role)) for role in ("generator", "discriminator")}
-    stage2 = {**override_mapping(overrides), **init}
-    metrics, result.stopped = fit_run(stage2_config, stage2, None, None, out / "stage2", device, resume, overwrite)
+
+    def stage2_overrides() -> dict[str, Any]:
+        init = {f"init.{role}": str(_weights(out / "stage1", role)) for role in ("generator", "discriminator")}
+        return {**override_mapping(overrides), **init}
+
+    run = prepare_run("stage 2", stage2_config, stage2_overrides, None, None, out / "stage2")
+    metrics, result.stopped = fit_run(run, device, resume, overwrite)
     result.metrics["stage 2"] = metrics
     return result
 
