@@ -21,24 +21,16 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from accelerate.utils import extract_model_from_parallel
 from torch import nn
-from transformers import (
-    AutoModelForCausalLM,
-    AutoModelForSequenceClassification,
-    GenerationConfig,
-    LogitsProcessorList,
-    TemperatureLogitsWarper,
-)
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from trainer import losses
 from trainer.errors import ConfigError
-from trainer.tasks.base import Penalties, Task, TensorRows
+from trainer.tasks.base import TensorRows
 from trainer.tasks.oracle import OracleLSTM
-from trainer.tasks.sampling import InverseCdfSampling
+from trainer.tasks.sequence_gan import SequenceGanOptions, SequenceGanTask
 from trainer.tasks.transformers_models import build_config, load_pretrained
 
 #: sequences are sampled from the oracle in chunks of this size, so a dataset does not depend
@@ -47,7 +39,7 @@ SAMPLE_CHUNK = 1000
 
 
 @dataclass
-class OracleTextOptions:
+class OracleTextOptions(SequenceGanOptions):
     #: the oracle's vocabulary (the models have one more token: the start token)
     vocab_size: int = 5000
     seq_len: int = 20
@@ -58,20 +50,6 @@ class OracleTextOptions:
     #: seed of the sampled train and eval sequences (kept apart from training.seed, so that
     #: runs with different seeds see the same data)
     data_seed: int = 0
-    #: stage 2: weight of a maximum-likelihood term on real data beside the policy gradient
-    mle_weight: float = 0.0
-    #: "prefix": the discriminator rates every prefix of a sequence (its classifier head on each
-    #: position of its causal body), learns from every position, and each generated token is
-    #: credited with the discounted ratings of the prefixes it starts; "sequence": whole
-    #: sequences only (one rating, the same for all of a sequence's tokens)
-    reward: Literal["prefix", "sequence"] = "prefix"
-    #: prefix rewards: weight of the rating of the prefix k tokens later in a token's return
-    discount: float = 0.9
-    #: stage 2: divide the advantages by their standard deviation, so the policy gradient keeps
-    #: its scale as the discriminator's ratings spread or bunch up
-    normalize_advantage: bool = True
-    #: generated sequences written to OUTPUT/samples/step-N.txt at each eval
-    write_samples: int = 10
     #: eval: the generator's sampling temperature, also applied to its nll_test (below 1: fewer,
     #: likelier tokens; scripts/oracle_frontier.py sweeps it to draw the quality-diversity
     #: trade-off a stage 2 must beat)
@@ -114,7 +92,7 @@ def oracle_sequences(oracle: OracleLSTM, options: OracleTextOptions, train_size:
     return datasets.load_from_disk(str(path))
 
 
-class OracleTextTask(Task):
+class OracleTextTask(SequenceGanTask):
     """GPT-2-style generator against a sequence-classifier discriminator on oracle data."""
 
     Options = OracleTextOptions
@@ -122,12 +100,9 @@ class OracleTextTask(Task):
     def __init__(self, run: Any) -> None:
         super().__init__(run)
         o, cfg = self.options, self.config
-        self.start_id = o.vocab_size
-        if cfg.training.loss == "wasserstein" or cfg.training.r1_weight > 0:
-            raise ConfigError(
-                f"{run.source}: key 'training.loss'/'training.r1_weight': gradient penalties need "
-                "continuous inputs; oracle_text takes non_saturating, hinge or least_squares and no R1"
-            )
+        self.start_id = self.pad_id = o.vocab_size
+        self.eos_id, self.banned = None, [self.start_id]
+        self.validate_penalties()
         if cfg.data.path:
             raise ConfigError(f"{run.source}: key 'data.path': oracle_text samples its data from the oracle")
         if not 0 <= cfg.eval.prefix_len < o.seq_len:
@@ -214,125 +189,11 @@ class OracleTextTask(Task):
             )
         return model
 
-    # -- sampling and scoring ------------------------------------------------------------------
-    def sample_sequences(
-        self, generator: nn.Module, prefix: torch.Tensor, uniforms: torch.Tensor, temperature: float = 1.0
-    ) -> torch.Tensor:
-        """Sequences of ``seq_len`` tokens: ``prefix`` [batch, p] continued by the generator's
-        ``generate`` (KV cache) at ``temperature``, token t drawn with ``uniforms[:, t]``."""
-        model = extract_model_from_parallel(generator)
-        start = torch.full((prefix.shape[0], 1), self.start_id, dtype=torch.long, device=prefix.device)
-        prompt = torch.cat([start, prefix], dim=1)
-        generation = GenerationConfig(
-            do_sample=False,  # the sampling is InverseCdfSampling's
-            max_new_tokens=self.options.seq_len - prefix.shape[1],
-            bos_token_id=self.start_id,
-            pad_token_id=self.start_id,
-            eos_token_id=None,
-            use_cache=True,
-        )
-        processors = [InverseCdfSampling(uniforms, prompt.shape[1], [self.start_id])]
-        if temperature != 1.0:
-            processors.insert(0, TemperatureLogitsWarper(temperature))
-        output = model.generate(
-            input_ids=prompt,
-            attention_mask=torch.ones_like(prompt),
-            generation_config=generation,
-            logits_processor=LogitsProcessorList(processors),
-        )
-        return output[:, 1:]
-
-    def token_log_probs(self, generator: nn.Module, sequences: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-        """The generator's ``log p(token_t | start, tokens_<t)`` [batch, length] at ``temperature``,
-        start token excluded."""
-        start = torch.full_like(sequences[:, :1], self.start_id)
-        inputs = torch.cat([start, sequences[:, :-1]], dim=1)
-        # The start token doubles as the padding id: the mask says nothing here is padding.
-        logits = generator(input_ids=inputs, attention_mask=torch.ones_like(inputs)).logits.float()
-        if temperature != 1.0:
-            logits = logits / temperature
-        banned = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
-        banned[self.start_id] = True
-        log_p = logits.masked_fill(banned, -float("inf")).log_softmax(-1)
-        return log_p.gather(2, sequences.unsqueeze(2)).squeeze(2)
-
+    # -- sampling ------------------------------------------------------------------------------
     def generate(self, generator: nn.Module, num: int, rng: torch.Generator, batch: Any = None) -> torch.Tensor:
         prefix = torch.empty((num, 0), dtype=torch.long, device=rng.device)
         uniforms = torch.rand(num, self.options.seq_len, generator=rng, device=rng.device)
         return self.sample_sequences(generator, prefix, uniforms)
-
-    def score(self, discriminator: nn.Module, samples: torch.Tensor) -> torch.Tensor:
-        return discriminator(input_ids=samples, attention_mask=torch.ones_like(samples)).logits.reshape(-1)
-
-    def prefix_scores(self, discriminator: nn.Module, samples: torch.Tensor) -> torch.Tensor:
-        """The discriminator's rating of every prefix of ``samples`` [batch, length]: its head on
-        each position's final hidden state (the last column is :meth:`score`)."""
-        out = discriminator(input_ids=samples, attention_mask=torch.ones_like(samples), output_hidden_states=True)
-        head = extract_model_from_parallel(discriminator).score
-        return head(out.hidden_states[-1]).squeeze(-1).float()
-
-    def discriminator_loss(
-        self,
-        discriminator: nn.Module,
-        real: torch.Tensor,
-        fake: torch.Tensor,
-        rng: torch.Generator,
-        penalties: Penalties,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        if self.options.reward == "sequence":
-            return super().discriminator_loss(discriminator, real, fake, rng, penalties)
-        # Real and generated sequences in one forward; every prefix is a labelled example.
-        scores = self.prefix_scores(discriminator, torch.cat([real, fake])).chunk(2)
-        loss = losses.discriminator_loss(self.config.training.loss, scores[0].reshape(-1), scores[1].reshape(-1))
-        return loss, {"d_real": scores[0].detach().mean(), "d_fake": scores[1].detach().mean()}
-
-    def _advantages(self, fake: torch.Tensor, discriminator: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-token advantages [batch, length] of generated sequences, and their mean reward."""
-        if self.options.reward == "sequence":
-            reward = torch.sigmoid(self.score(discriminator, fake)).unsqueeze(1)  # [batch, 1]
-            returns = reward
-        else:
-            reward = torch.sigmoid(self.prefix_scores(discriminator, fake))  # [batch, length]
-            # return_t = sum over k >= 0 of discount^k * reward_{t+k}, computed from the end
-            returns = torch.empty_like(reward)
-            running = torch.zeros_like(reward[:, 0])
-            for t in range(reward.shape[1] - 1, -1, -1):
-                running = reward[:, t] + self.options.discount * running
-                returns[:, t] = running
-        advantage = returns - returns.mean(0, keepdim=True)  # baseline: the batch mean per position
-        if self.options.normalize_advantage and fake.shape[0] > 1:
-            advantage = advantage / (advantage.std() + 1e-6)
-        return advantage, reward.mean()
-
-    # -- losses ----------------------------------------------------------------------------------
-    def mle_loss(self, generator: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return -self.token_log_probs(generator, self.real(batch)).mean(), {}
-
-    def generator_loss(
-        self,
-        generator: nn.Module,
-        discriminator: nn.Module,
-        num: int,
-        rng: torch.Generator,
-        batch: Any = None,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """REINFORCE: raise the log-probability of tokens whose return (the discriminator's
-        ratings) is above the batch's mean at that position, lower the others'; plus
-        ``mle_weight`` x NLL of real data."""
-        with torch.no_grad():
-            fake = self.generate(generator, num, rng)
-            advantage, reward = self._advantages(fake, discriminator)
-        mle = self.options.mle_weight > 0
-        # One forward for generated and real sequences: DDP allows one forward per backward.
-        sequences = torch.cat([fake, self.real(batch)]) if mle else fake
-        log_p = self.token_log_probs(generator, sequences)
-        policy = -(advantage * log_p[:num]).mean()
-        parts = {"reward": reward, "policy_loss": policy.detach()}
-        if not mle:
-            return policy, parts
-        nll = -log_p[num:].mean()
-        parts["nll_real"] = nll.detach()
-        return policy + self.options.mle_weight * nll, parts
 
     # -- eval ------------------------------------------------------------------------------------
     def generator_eval(self, generator: nn.Module, batch: Any, temperature: float) -> dict[str, torch.Tensor]:
@@ -354,9 +215,6 @@ class OracleTextTask(Task):
         outputs["d_fake"] = self.score(discriminator, tokens).float()
         outputs["generated"] = tokens[:, self.config.eval.prefix_len :]
         return outputs
-
-    #: padding of generated sequences gathered across ranks (not a token id)
-    eval_pad_value = -1
 
     def eval_metrics(self, outputs: dict[str, torch.Tensor]) -> dict[str, float]:
         correct = (outputs["d_real"] > 0).sum() + (outputs["d_fake"] <= 0).sum()

@@ -1,0 +1,289 @@
+"""What the text recipes share: sampling with ``generate``, per-token log-probabilities, the
+discriminator's ratings of every prefix, and REINFORCE on them (the SeqGAN family).
+
+Sequences are token tensors [batch, length]. A recipe with an end-of-sequence token (``text``)
+ends each sequence at its first one; what follows is padding, excluded from every loss and
+metric by :meth:`SequenceGanTask.valid_mask`. A recipe without one (``oracle_text``) has
+sequences of one fixed length, and every mean is a plain mean.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from accelerate.utils import extract_model_from_parallel
+from torch import nn
+from transformers import (
+    AutoModelForCausalLM,
+    GenerationConfig,
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from trainer import losses
+from trainer.errors import ConfigError
+from trainer.tasks.base import Penalties, Task
+from trainer.tasks.sampling import InverseCdfSampling
+from trainer.tasks.transformers_models import load_pretrained
+
+
+@dataclass
+class SequenceGanOptions:
+    #: stage 2: weight of a maximum-likelihood term on real data beside the policy gradient
+    mle_weight: float = 0.0
+    #: stage 2: weight of the KL divergence from the reference generator (init.generator, the
+    #: stage-1 one, frozen), estimated on the sampled tokens (0: off)
+    kl_coef: float = 0.0
+    #: "prefix": the discriminator rates every prefix of a sequence (its classifier head on each
+    #: position of its causal body), learns from every position, and each generated token is
+    #: credited with the discounted ratings of the prefixes it starts; "sequence": whole
+    #: sequences only (one rating, the same for all of a sequence's tokens)
+    reward: Literal["prefix", "sequence"] = "prefix"
+    #: prefix rewards: weight of the rating of the prefix k tokens later in a token's return
+    discount: float = 0.9
+    #: stage 2: divide the advantages by their standard deviation, so the policy gradient keeps
+    #: its scale as the discriminator's ratings spread or bunch up
+    normalize_advantage: bool = True
+    #: sampling: keep the k likeliest tokens (0: all) and the smallest set of probability top_p
+    top_k: int = 0
+    top_p: float = 1.0
+    #: generated sequences written to OUTPUT/samples/step-N.txt at each eval
+    write_samples: int = 10
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The mean of ``values`` where ``mask`` is set (all of them when it is None)."""
+    if mask is None:
+        return values.mean()
+    return (values * mask).sum() / mask.sum().clamp(min=1)
+
+
+def pad_right(sequences: list[torch.Tensor], value: int) -> list[torch.Tensor]:
+    """Token tensors [batch, length_i] padded on the right to the longest length."""
+    longest = max(s.shape[1] for s in sequences)
+    return [
+        torch.nn.functional.pad(s, (0, longest - s.shape[1]), value=value) if s.shape[1] < longest else s
+        for s in sequences
+    ]
+
+
+class SequenceGanTask(Task):
+    """A causal-LM generator against a sequence-classifier discriminator.
+
+    Subclasses set ``start_id`` (the token every sequence is generated after), ``pad_id``,
+    ``eos_id`` (None: fixed-length sequences) and ``banned`` (ids never sampled), and provide
+    the data and the eval.
+    """
+
+    start_id: int
+    pad_id: int
+    eos_id: int | None
+    banned: list[int]
+
+    def validate_penalties(self) -> None:
+        """Gradient penalties need continuous inputs: refuse them with the key named."""
+        cfg = self.config
+        if cfg.training.loss == "wasserstein" or cfg.training.r1_weight > 0:
+            raise ConfigError(
+                f"{self.run.source}: key 'training.loss'/'training.r1_weight': gradient penalties need "
+                f"continuous inputs; {cfg.task} takes non_saturating, hinge or least_squares and no R1"
+            )
+
+    def valid_mask(self, sequences: torch.Tensor) -> torch.Tensor | None:
+        """1.0 up to and including each sequence's first end-of-sequence token, 0.0 after it
+        (None without such a token: every position counts)."""
+        if self.eos_id is None:
+            return None
+        ends = (sequences == self.eos_id).long()
+        return ((ends.cumsum(1) - ends) == 0).float()
+
+    # -- sampling and scoring ------------------------------------------------------------------
+    def warpers(self, temperature: float) -> list[Any]:
+        """The logits processors before sampling: temperature, top-k, top-p (those in use)."""
+        o = self.options
+        chain: list[Any] = []
+        if temperature != 1.0:
+            chain.append(TemperatureLogitsWarper(temperature))
+        if o.top_k > 0:
+            chain.append(TopKLogitsWarper(o.top_k))
+        if o.top_p < 1.0:
+            chain.append(TopPLogitsWarper(o.top_p))
+        return chain
+
+    def sample_sequences(
+        self, generator: nn.Module, prefix: torch.Tensor, uniforms: torch.Tensor, temperature: float = 1.0
+    ) -> torch.Tensor:
+        """``prefix`` [batch, p] continued by the generator's ``generate`` (KV cache) for up to
+        ``uniforms.shape[1]`` tokens, token t drawn with ``uniforms[:, t]``; a sequence that
+        ends early is padded."""
+        model = extract_model_from_parallel(generator)
+        start = torch.full((prefix.shape[0], 1), self.start_id, dtype=torch.long, device=prefix.device)
+        prompt = torch.cat([start, prefix], dim=1)
+        generation = GenerationConfig(
+            do_sample=False,  # the sampling is InverseCdfSampling's
+            max_new_tokens=uniforms.shape[1],
+            bos_token_id=self.start_id,
+            pad_token_id=self.pad_id,
+            eos_token_id=self.eos_id,
+            use_cache=True,
+        )
+        processors = [*self.warpers(temperature), InverseCdfSampling(uniforms, prompt.shape[1], self.banned)]
+        output = model.generate(
+            input_ids=prompt,
+            attention_mask=torch.ones_like(prompt),
+            generation_config=generation,
+            logits_processor=LogitsProcessorList(processors),
+        )
+        return output[:, 1:]
+
+    def token_log_probs(self, generator: nn.Module, sequences: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+        """The generator's ``log p(token_t | start, tokens_<t)`` [batch, length] at ``temperature``,
+        start token excluded. Padding is right of every real token, so a causal model's real
+        positions never see it; its own positions are excluded by the caller's mask."""
+        start = torch.full_like(sequences[:, :1], self.start_id)
+        inputs = torch.cat([start, sequences[:, :-1]], dim=1)
+        # The start token may double as the padding id: the mask says nothing here is padding.
+        logits = generator(input_ids=inputs, attention_mask=torch.ones_like(inputs)).logits.float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        if self.banned:
+            banned = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+            banned[self.banned] = True
+            logits = logits.masked_fill(banned, -float("inf"))
+        return logits.log_softmax(-1).gather(2, sequences.unsqueeze(2)).squeeze(2)
+
+    def _attention(self, samples: torch.Tensor) -> torch.Tensor:
+        mask = self.valid_mask(samples)
+        return torch.ones_like(samples) if mask is None else mask.long()
+
+    def score(self, discriminator: nn.Module, samples: torch.Tensor) -> torch.Tensor:
+        return discriminator(input_ids=samples, attention_mask=self._attention(samples)).logits.reshape(-1)
+
+    def prefix_scores(self, discriminator: nn.Module, samples: torch.Tensor) -> torch.Tensor:
+        """The discriminator's rating of every prefix of ``samples`` [batch, length]: its head on
+        each position's final hidden state."""
+        out = discriminator(input_ids=samples, attention_mask=self._attention(samples), output_hidden_states=True)
+        head = extract_model_from_parallel(discriminator).score
+        return head(out.hidden_states[-1]).squeeze(-1).float()
+
+    def discriminator_loss(
+        self,
+        discriminator: nn.Module,
+        real: torch.Tensor,
+        fake: torch.Tensor,
+        rng: torch.Generator,
+        penalties: Penalties,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        real, fake = pad_right([real, fake], self.pad_id)
+        if self.options.reward == "sequence":
+            return super().discriminator_loss(discriminator, real, fake, rng, penalties)
+        # Real and generated sequences in one forward; every real prefix is a labelled example.
+        both = torch.cat([real, fake])
+        scores, mask = self.prefix_scores(discriminator, both), self.valid_mask(both)
+        if mask is not None:
+            keep = mask.bool().chunk(2)
+            real_scores, fake_scores = (s[k] for s, k in zip(scores.chunk(2), keep, strict=True))
+        else:
+            real_scores, fake_scores = (s.reshape(-1) for s in scores.chunk(2))
+        loss = losses.discriminator_loss(self.config.training.loss, real_scores, fake_scores)
+        return loss, {"d_real": real_scores.detach().mean(), "d_fake": fake_scores.detach().mean()}
+
+    def _advantages(self, fake: torch.Tensor, discriminator: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token advantages [batch, length] of generated sequences (0 on padding), and
+        their mean reward."""
+        mask = self.valid_mask(fake)
+        if self.options.reward == "sequence":
+            reward = torch.sigmoid(self.score(discriminator, fake)).unsqueeze(1)  # [batch, 1]
+            returns = reward.expand_as(fake) if mask is not None else reward
+        else:
+            reward = torch.sigmoid(self.prefix_scores(discriminator, fake))  # [batch, length]
+            if mask is not None:
+                reward = reward * mask
+            # return_t = sum over k >= 0 of discount^k * reward_{t+k}, computed from the end
+            returns = torch.empty_like(reward)
+            running = torch.zeros_like(reward[:, 0])
+            for t in range(reward.shape[1] - 1, -1, -1):
+                running = reward[:, t] + self.options.discount * running
+                returns[:, t] = running
+        if mask is None:
+            advantage = returns - returns.mean(0, keepdim=True)  # baseline: the batch mean per position
+            if self.options.normalize_advantage and fake.shape[0] > 1:
+                advantage = advantage / (advantage.std() + 1e-6)
+            return advantage, reward.mean()
+        # Baseline: the mean over the sequences that reach the position.
+        baseline = (returns * mask).sum(0, keepdim=True) / mask.sum(0, keepdim=True).clamp(min=1)
+        advantage = (returns - baseline) * mask
+        if self.options.normalize_advantage and mask.sum() > 1:
+            advantage = advantage / (advantage[mask.bool()].std() + 1e-6)
+        mean_reward = masked_mean(reward, mask) if self.options.reward == "prefix" else reward.mean()
+        return advantage, mean_reward
+
+    # -- the reference model of the KL penalty ---------------------------------------------------
+    @functools.cached_property
+    def reference(self) -> nn.Module:
+        """The frozen generator the KL penalty measures from: ``init.generator`` (the stage-1
+        generator), else the pretrained generator the run starts from."""
+        source = self.config.init.generator or self.run.generator_source
+        model = load_pretrained(AutoModelForCausalLM, Path(source), "reference generator")
+        if model is None:
+            raise ConfigError(
+                f"{self.run.source}: key 'task_options.kl_coef' needs a reference generator: init.generator "
+                "or model.generator_config naming a save_pretrained directory"
+            )
+        return model.eval().requires_grad_(False)
+
+    def kl_to_reference(self, sequences: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
+        """Per-token KL estimate from the reference model on the sampled tokens (the k3
+        estimator: exp(r) - r - 1 with r = log p_ref - log p, non-negative and unbiased)."""
+        reference = self.reference.to(sequences.device)
+        with torch.no_grad():
+            ref_log_p = self.token_log_probs(reference, sequences)
+        ratio = ref_log_p - log_p
+        return ratio.exp() - ratio - 1
+
+    # -- losses ----------------------------------------------------------------------------------
+    def mle_loss(self, generator: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        real = self.real(batch)
+        return -masked_mean(self.token_log_probs(generator, real), self.valid_mask(real)), {}
+
+    def generator_loss(
+        self,
+        generator: nn.Module,
+        discriminator: nn.Module,
+        num: int,
+        rng: torch.Generator,
+        batch: Any = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """REINFORCE: raise the log-probability of tokens whose return (the discriminator's
+        ratings) is above the batch's mean at that position, lower the others'; plus
+        ``mle_weight`` x NLL of real data and ``kl_coef`` x KL from the reference generator."""
+        o = self.options
+        with torch.no_grad():
+            fake = self.generate(generator, num, rng)
+            advantage, reward = self._advantages(fake, discriminator)
+        mle = o.mle_weight > 0
+        # One forward for generated and real sequences: DDP allows one forward per backward.
+        sequences = torch.cat(pad_right([fake, self.real(batch)], self.pad_id)) if mle else fake
+        log_p = self.token_log_probs(generator, sequences)
+        fake_log_p, fake_mask = log_p[:num, : fake.shape[1]], self.valid_mask(fake)
+        policy = -masked_mean(advantage * fake_log_p, fake_mask)
+        loss, parts = policy, {"reward": reward, "policy_loss": policy.detach()}
+        if o.kl_coef > 0:
+            kl = masked_mean(self.kl_to_reference(fake, fake_log_p), fake_mask)
+            loss = loss + o.kl_coef * kl
+            parts["kl"] = kl.detach()
+        if mle:
+            real = sequences[num:]
+            nll = -masked_mean(log_p[num:], self.valid_mask(real))
+            loss = loss + o.mle_weight * nll
+            parts["nll_real"] = nll.detach()
+        return loss, parts
+
+    #: padding of generated sequences gathered across ranks (not a token id)
+    eval_pad_value = -1
