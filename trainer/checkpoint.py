@@ -11,6 +11,7 @@ import os
 import pickle
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -286,8 +287,11 @@ def load_checkpoint(
         raise CheckpointError(f"{path}: cannot resume from this checkpoint: {exc}") from None
 
 
-def export_model(accelerator: Accelerator, model: nn.Module, directory: Path) -> None:
-    """Write ``model``'s weights (safetensors) to ``directory``, replacing it as a whole.
+def export_model(
+    accelerator: Accelerator, model: nn.Module, directory: Path, extras: Callable[[Path], None] | None = None
+) -> None:
+    """Write ``model``'s weights (safetensors) to ``directory``, replacing it as a whole;
+    ``extras`` writes more files into it first (on the main process).
 
     A transformers model is written with ``save_pretrained`` so ``from_pretrained`` loads it.
     Called on every rank: gathering a sharded state dict is a collective.
@@ -303,6 +307,8 @@ def export_model(accelerator: Accelerator, model: nn.Module, directory: Path) ->
     else:
         partial.mkdir(parents=True)
         save_file({k: v.contiguous() for k, v in state.items()}, str(partial / WEIGHTS_NAME))
+    if extras is not None:
+        extras(partial)
     if directory.exists():
         shutil.rmtree(directory)
     fsync_tree(partial)

@@ -112,9 +112,11 @@ def configure_logging() -> None:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     for name in ("accelerate.checkpointing", "accelerate.accelerator"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    from datasets.utils import logging as datasets_logging
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
+    datasets_logging.disable_progress_bar()  # a bar per map and filter of every rank
 
 
 def debug_arguments(args: argparse.Namespace) -> None:

@@ -22,10 +22,18 @@ LOSSES = ("non_saturating", "hinge", "least_squares", "wasserstein")
 
 @dataclass
 class ModelSection:
-    """Default paths of the two model configs (the command-line flags override them)."""
+    """The two models (the command-line flags override the configs): a YAML of config fields,
+    a ``save_pretrained`` directory or a model id; the discriminator's may also be the word
+    ``generator`` (the generator's body with a new head)."""
 
     generator_config: str = ""
     discriminator_config: str = ""
+    #: transformers recipes: the tokenizer (a directory or an id; empty: the generator's)
+    tokenizer: str = ""
+    #: transformers recipes: the weights' dtype
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    #: transformers recipes: recompute activations in backward (less memory, more time)
+    gradient_checkpointing: bool = False
 
 
 @dataclass
@@ -102,6 +110,11 @@ class DataSection:
     oracle_path: str = ""
     #: where generated datasets are cached; empty means $XDG_CACHE_HOME/trainer or ~/.cache/trainer
     cache_dir: str = ""
+    #: text: local files (text, json/jsonl, csv, parquet) of training and eval texts
+    train_files: str | list[str] = ""
+    eval_files: str | list[str] = ""
+    #: text without eval_files: this share of the training texts held out for eval (by the seed)
+    eval_fraction: float = 0.0
 
 
 @dataclass
@@ -296,11 +309,22 @@ def validate(cfg: Config, source: str) -> None:
         "data.path",
         f"names {cfg.data.path!r}, which is not a file",
     )
+    for key in ("train_files", "eval_files"):
+        for name in as_list(getattr(cfg.data, key)):
+            _require(Path(name).is_file(), source, f"data.{key}", f"names {name!r}, which is not a file")
+    _require(0 <= cfg.data.eval_fraction < 1, source, "data.eval_fraction", "must be in [0, 1)")
     d = cfg.distributed
     _require(d.timeout_s > 0, source, "distributed.timeout_s", "must be positive")
     _require(d.watchdog_s >= 0, source, "distributed.watchdog_s", "must be 0 (off) or more")
     _require(d.stop_grace_s >= 0, source, "distributed.stop_grace_s", "must be 0 (off) or more")
     _require(bool(cfg.output_dir), source, "output_dir", "must not be empty")
+
+
+def as_list(value: str | list[str]) -> list[str]:
+    """A config value that is one path or a list of them, as a list (empty for '')."""
+    if isinstance(value, str):
+        return [value] if value else []
+    return list(value)
 
 
 def _check_scheduler(name: str, source: str, key: str) -> None:
@@ -340,6 +364,10 @@ def load_config(
         model_path = getattr(cfg.model, f"{role}_config")
         if not model_path:
             raise ConfigError(f"{source}: key 'model.{role}_config' is empty and --{role}-config was not given")
+        if role == "discriminator" and model_path == GENERATOR_BODY:
+            cfg.model.discriminator_config = cfg.model.generator_config
+            models[role] = models["generator"]
+            continue
         models[role] = read_model_config(model_path, role)
     return RunConfig(
         config=cfg,
@@ -351,8 +379,21 @@ def load_config(
     )
 
 
+#: ``model.discriminator_config``: the generator's architecture and weights, with a new head
+GENERATOR_BODY = "generator"
+
+
+def is_model_source(path: str | Path) -> bool:
+    """Whether a model config names a model to load (a ``save_pretrained`` directory or a model
+    id) rather than a YAML of config fields for a fresh model."""
+    return Path(path).is_dir() or not (Path(path).suffix in (".yaml", ".yml", ".json") or Path(path).exists())
+
+
 def read_model_config(path: str | Path, role: str) -> dict[str, Any]:
-    """A model config: a YAML file, or a ``save_pretrained`` directory (its config.json)."""
+    """A model config: a YAML file, a ``save_pretrained`` directory (its config.json), or a
+    model id (its config, from the Hub or the local cache of downloads)."""
+    if is_model_source(path) and not Path(path).is_dir():
+        return hub_model_config(str(path), role)
     path = Path(path)
     if path.is_dir():
         file = path / "config.json"
@@ -365,17 +406,38 @@ def read_model_config(path: str | Path, role: str) -> dict[str, Any]:
     return read_yaml(path, f"{role} model config")
 
 
+def hub_model_config(model_id: str, role: str) -> dict[str, Any]:
+    """The config of a model id, as ``from_pretrained`` would fetch it; one line when the id is
+    neither a local directory nor reachable (offline, or no such model)."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(model_id).to_dict()
+    except (OSError, ValueError) as exc:
+        first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise ConfigError(
+            f"{model_id}: the {role} model config is neither a file, a local directory nor a model id "
+            f"that could be fetched ({first[:200]})"
+        ) from None
+
+
 def write_resolved(run: RunConfig, output_dir: Path) -> None:
     """Write ``config.yaml`` and copies of both model configs, so the directory can be rerun."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    cfg = dataclasses.replace(
-        run.config,
-        model=ModelSection(
-            generator_config=str(output_dir / "generator.yaml"),
-            discriminator_config=str(output_dir / "discriminator.yaml"),
-        ),
-    )
     dump = {"sort_keys": False, "default_flow_style": False}
-    (output_dir / "generator.yaml").write_text(yaml.safe_dump(run.generator, **dump))
-    (output_dir / "discriminator.yaml").write_text(yaml.safe_dump(run.discriminator, **dump))
+    sources = {}
+    for role, fields, source in (
+        ("generator", run.generator, run.generator_source),
+        ("discriminator", run.discriminator, run.discriminator_source),
+    ):
+        # A model to load (a directory or an id) stays named as it was: its weights come with it.
+        if is_model_source(source):
+            sources[role] = source
+            continue
+        sources[role] = str(output_dir / f"{role}.yaml")
+        (output_dir / f"{role}.yaml").write_text(yaml.safe_dump(fields, **dump))
+    model = dataclasses.replace(
+        run.config.model, generator_config=sources["generator"], discriminator_config=sources["discriminator"]
+    )
+    cfg = dataclasses.replace(run.config, model=model)
     (output_dir / "config.yaml").write_text(yaml.safe_dump(to_mapping(cfg), **dump))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import signal
 import time
@@ -696,7 +697,8 @@ class Trainer:
         # The other ranks wait here for the main process's writes, with the long-work bound.
         with HEARTBEAT.long_work(f"writing {name}/ (main process)"):
             for role, phase in (("generator", self.g), ("discriminator", self.d)):
-                checkpoint.export_model(self.accelerator, phase.model, self.output_dir / name / role)
+                extras = functools.partial(self.task.save_with, role)
+                checkpoint.export_model(self.accelerator, phase.model, self.output_dir / name / role, extras)
             HEARTBEAT.collective_entered(f"barrier after writing {name}/")
             self.accelerator.wait_for_everyone()
 

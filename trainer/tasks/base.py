@@ -189,6 +189,10 @@ class Task:
         """A model built from a ``save_pretrained`` directory, or None to load a state dict."""
         return None
 
+    def save_with(self, role: str, directory: Path) -> None:
+        """Optional: files to export beside a model's weights in ``best/`` and ``final/`` (a
+        tokenizer); runs on the main process and must not communicate."""
+
 
 class TensorRows(torch.utils.data.Dataset):
     """Rows of one or more tensors; a batch of indices is one indexing operation.
