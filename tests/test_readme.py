@@ -37,6 +37,14 @@ COVERED = {
     "scripts/train_stage2.py --config two_peaks.yaml --device cpu": "tests/test_custom_task.py",
 }
 
+#: the text recipe's example, run in order by test_readme_text_example
+TEXT_EXAMPLE = "python scripts/make_text_example.py outputs/text_example"
+TEXT_STAGE1 = "python scripts/train_stage1.py --config configs/training/text_stage1.yaml --device cpu"
+TEXT_STAGE2 = (
+    "accelerate launch --config_file accelerate_configs/8gpu.yaml --num_processes 2 "
+    "scripts/train_stage2.py --config configs/training/text_stage2.yaml --device cpu"
+)
+
 #: run on the stage-1 generator of test_readme_stage1_then_stage2_alone
 FRONTIER = "python scripts/oracle_frontier.py outputs/oracle/stage1/best/generator"
 RING_DEBUG = ["--debug"]
@@ -81,6 +89,9 @@ def test_every_readme_command_is_run_or_covered():
         "python scripts/train_stage2.py --config configs/training/ring.yaml --device cpu --resume latest",
         "python -m pdb scripts/train_stage2.py --config configs/training/ring.yaml --device cpu --debug",
         FRONTIER,
+        TEXT_EXAMPLE,
+        TEXT_STAGE1,
+        TEXT_STAGE2,
     }
     unknown = commands - set(COVERED) - set(RUN) - dependent
     assert not unknown, f"README commands neither run nor covered by a test: {sorted(unknown)}"
@@ -153,3 +164,31 @@ def test_readme_pdb_command_runs_under_the_debugger(tmp_path):
     result = run(command, "--output-dir", str(tmp_path / "out"), stdin="continue\nquit\n")
     assert "The program exited via sys.exit(). Exit status: 0" in result.stdout, result.stdout[-2000:]
     assert Path(tmp_path / "out" / "final" / "generator").is_dir()
+
+
+@pytest.mark.timeout(450)
+def test_readme_text_example(tmp_path):
+    """The text recipe's three commands in order, in a directory of their own, a few steps each."""
+    example = tmp_path / "text_example"
+    run(TEXT_EXAMPLE.replace("outputs/text_example", str(example)))
+    data = [
+        f"--set=data.train_files={example / 'texts.jsonl'}",
+        f"--set=data.eval_files={example / 'eval.jsonl'}",
+        f"--set=data.cache_dir={tmp_path / 'cache'}",
+        "--set=training.max_steps=2",
+        "--set=training.eval_every=2",
+        "--set=eval.batch_size=50",
+    ]
+    stage1 = tmp_path / "stage1"
+    run(
+        TEXT_STAGE1,
+        *data,
+        f"--set=model.generator_config={example / 'gpt2'}",
+        "--set=stage1.discriminator.training.max_steps=2",
+        "--output-dir",
+        str(stage1),
+    )
+    models = [f"--set=model.{role}_config={stage1 / 'best' / role}" for role in ("generator", "discriminator")]
+    run(TEXT_STAGE2, *data, *models, "--output-dir", str(tmp_path / "stage2"))
+    evals = records(tmp_path / "stage2", "eval")
+    assert evals[-1]["world_size"] == 2 and evals[-1]["num_samples"] == 200

@@ -12,6 +12,7 @@ from trainer.tasks.base import NoOptions, Penalties, Task
 BUILT_IN = {
     "gaussian_mixture": "trainer.tasks.gaussian_mixture:GaussianMixtureTask",
     "oracle_text": "trainer.tasks.oracle_text:OracleTextTask",
+    "text": "trainer.tasks.text:TextTask",
 }
 
 __all__ = ["BUILT_IN", "NoOptions", "Penalties", "Task", "load_task"]

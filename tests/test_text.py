@@ -1,0 +1,188 @@
+"""The text recipe: your own pretrained causal LM (GPT-2 and Llama architectures) against a
+classifier on your own texts, stage 1 in 1 process and stage 2 in 2, and its bad inputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from helpers import ROOT, check, deep_merge, launch, records
+
+from trainer.cli import main
+from trainer.text_example import write_text_example
+
+STAGE1 = ROOT / "scripts" / "train_stage1.py"
+EVAL_TEXTS = 23  # not a multiple of the eval batch or of 2 processes: the count must be exact
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory) -> dict[str, dict[str, Path]]:
+    """The offline example (stdlib docstrings, a BPE tokenizer) with a tiny GPT-2 and a tiny Llama."""
+    root = tmp_path_factory.mktemp("text_example")
+    return {arch: write_text_example(root, arch, vocab_size=300, eval_texts=EVAL_TEXTS) for arch in ("gpt2", "llama")}
+
+
+def write_text_run(tmp: Path, paths: dict[str, Path], config: dict[str, Any] | None = None) -> Path:
+    base: dict[str, Any] = {
+        "task": "text",
+        "output_dir": str(tmp / "out"),
+        "model": {"generator_config": str(paths["model"]), "discriminator_config": "generator"},
+        "data": {"train_files": str(paths["train"]), "eval_files": str(paths["eval"]), "cache_dir": str(tmp / "cache")},
+        "task_options": {"max_length": 24, "max_new_tokens": 12, "write_samples": 3},
+        "training": {"max_steps": 4, "batch_size": 4, "eval_every": 2, "save_every": 2, "log_every": 1, "seed": 3},
+        "optim": {"generator": {"lr": 1e-3}, "discriminator": {"lr": 1e-3}},
+        "eval": {"batch_size": 5},
+        "stage1": {
+            "generator": {"training.best_metric": "nll_test"},
+            "discriminator": {
+                "training.max_steps": 2,
+                "training.best_metric": "d_accuracy",
+                "training.best_mode": "max",
+            },
+        },
+    }
+    path = tmp / "train.yaml"
+    tmp.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(deep_merge(base, config or {})))
+    return path
+
+
+def generates(directory: Path) -> str:
+    """What ``pipeline("text-generation")`` makes of an exported generator."""
+    from transformers import pipeline
+
+    return pipeline("text-generation", model=str(directory))("Return the", max_new_tokens=5)[0]["generated_text"]
+
+
+def check_evals(out: Path, processes: int) -> list[dict[str, Any]]:
+    evals = records(out, "eval")
+    for record in evals:
+        assert record["world_size"] == processes
+        assert record["num_samples"] == EVAL_TEXTS
+        assert 0 < record["nll_test"] < 20 and 0 <= record["d_accuracy"] <= 1
+        assert 1 <= record["mean_length"] <= 12 and 0 < record["distinct2"] <= 1
+    return evals
+
+
+@pytest.mark.timeout(600)
+def test_stage1_in_one_process_then_stage2_in_two(tmp_path, example):
+    paths = example["gpt2"]
+    # A stock GPT-2 config.json carries keys a fresh config does not (n_ctx): accepted as
+    # transformers accepts them.
+    assert "n_ctx" in json.loads((paths["model"] / "config.json").read_text())
+    stage1 = write_text_run(tmp_path / "stage1", paths)
+    check(launch(["--config", str(stage1), "--device", "cpu"], 1, script=STAGE1, timeout=300))
+    out1 = tmp_path / "stage1" / "out"
+    mle = records(out1 / "generator_mle", "train")
+    assert mle and all("g_loss" in r and "d_loss" not in r for r in mle)
+    check_evals(out1, 1)
+    for role in ("generator", "discriminator"):
+        assert (out1 / "best" / role / "tokenizer.json").is_file(), role
+    assert (out1 / "best" / "generator" / "generation_config.json").is_file()
+
+    stage2 = write_text_run(
+        tmp_path / "stage2",
+        paths,
+        {
+            "model": {
+                "generator_config": str(out1 / "best" / "generator"),
+                "discriminator_config": str(out1 / "best" / "discriminator"),
+            },
+            "task_options": {"kl_coef": 0.1, "mle_weight": 0.5},
+        },
+    )
+    check(launch(["--config", str(stage2), "--device", "cpu"], 2, timeout=300))
+    out2 = tmp_path / "stage2" / "out"
+    assert [r["step"] for r in check_evals(out2, 2)] == [2, 4]
+    train = records(out2, "train")
+    assert all({"reward", "policy_loss", "kl", "nll_real"} <= set(r) for r in train)
+    # The reference is the generator the run starts from: no KL before its first update.
+    assert train[0]["kl"] == 0 and all(r["kl"] > 0 for r in train[1:])
+    samples = (out2 / "samples" / "step-0000004.txt").read_text().splitlines()
+    assert len(samples) == 3
+    assert generates(out2 / "final" / "generator").startswith("Return the")
+
+
+@pytest.mark.timeout(600)
+def test_a_llama_generator_trains_in_two_processes(tmp_path, example):
+    """Stage 2 straight from a Llama checkpoint directory; the discriminator is its body with a
+    new head, and the KL reference is the checkpoint itself."""
+    config = write_text_run(tmp_path, example["llama"], {"task_options": {"kl_coef": 0.1}})
+    check(launch(["--config", str(config), "--device", "cpu"], 2, timeout=300))
+    out = tmp_path / "out"
+    check_evals(out, 2)
+    assert json.loads((out / "final" / "generator" / "config.json").read_text())["model_type"] == "llama"
+    assert generates(out / "final" / "generator").startswith("Return the")
+
+
+@pytest.mark.timeout(300)
+def test_eval_fraction_holds_out_texts_by_the_seed(tmp_path, example):
+    config = write_text_run(
+        tmp_path,
+        example["gpt2"],
+        {"data": {"eval_files": "", "eval_fraction": 0.01}, "training": {"max_steps": 2, "mixed_precision": "bf16"}},
+    )
+    assert main(["--config", str(config), "--device", "cpu"]) == 0
+    texts = len(example["gpt2"]["train"].read_text().splitlines())
+    held_out = records(tmp_path / "out", "eval")[-1]["num_samples"]
+    assert held_out == -(-texts // 100)  # datasets rounds the test share up
+
+
+def bad(tmp_path: Path, paths: dict[str, Path], config: dict[str, Any], capsys) -> str:
+    path = write_text_run(tmp_path, paths, config)
+    assert main(["--config", str(path), "--device", "cpu"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error (rank")]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.mark.timeout(300)
+def test_bad_text_inputs_are_one_line_each(tmp_path, example, capsys):
+    paths = example["gpt2"]
+    csv = tmp_path / "texts.csv"
+    csv.write_text("body,label\nsome text,1\n")
+    line = bad(tmp_path / "column", paths, {"data": {"train_files": str(csv)}}, capsys)
+    assert f"{csv}: no column 'text'" in line and "it has body, label" in line
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    line = bad(tmp_path / "empty", paths, {"data": {"train_files": str(empty)}}, capsys)
+    assert str(empty) in line
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"text": "fine"}\n{"text": \n')
+    line = bad(tmp_path / "broken", paths, {"data": {"train_files": str(broken)}}, capsys)
+    assert f"{broken}: cannot read as json" in line
+    line = bad(tmp_path / "id", paths, {"model": {"generator_config": "no-such-org/no-such-model"}}, capsys)
+    assert "no-such-org/no-such-model: the generator model config is neither a file" in line
+    line = bad(tmp_path / "files", paths, {"data": {"train_files": ""}}, capsys)
+    assert "key 'data.train_files' is empty" in line
+
+
+@pytest.mark.timeout(300)
+def test_padding_is_excluded_from_the_losses_and_the_eval(tmp_path, example):
+    """The NLL of a padded batch equals the mean over each text's own tokens, computed on each
+    text alone (no padding anywhere), in training (mle_loss) and in eval (nll_test)."""
+    import torch
+
+    from trainer.config import load_config
+    from trainer.tasks import load_task
+
+    task = load_task(load_config(write_text_run(tmp_path, example["gpt2"], {"task_options": {"max_length": 64}})))
+    generator = task.build_generator().eval()
+    dataset = task.eval_dataset()
+    items = [dataset[i] for i in range(4)]
+    lengths = [len(item["input_ids"]) for item in items]
+    assert len(set(lengths)) > 1 and all(item["input_ids"][-1] == task.eos_id for item in items)
+    batch = task.collate(items)
+    assert batch["input_ids"].shape[1] == max(lengths)
+    with torch.no_grad():
+        alone = [task.token_log_probs(generator, torch.tensor([item["input_ids"]]))[0] for item in items]
+        loss, _ = task.mle_loss(generator, batch)
+        outputs = task.eval_outputs(generator, task.build_discriminator().eval(), batch)
+    expected = -torch.cat(alone).mean()
+    assert float(loss) == pytest.approx(float(expected), rel=1e-5)
+    for row, log_p in enumerate(alone):
+        assert float(outputs["nll_test"][row]) == pytest.approx(float(-log_p.mean()), rel=1e-5)
+    assert task.valid_mask(torch.tensor([[5, task.eos_id, task.pad_id, task.pad_id]])).tolist() == [[1, 1, 0, 0]]

@@ -1,0 +1,327 @@
+"""Recipe ``text``: your own pretrained causal LM against your own classifier, on your own texts.
+
+The generator is any transformers causal LM (``AutoModelForCausalLM``) and the discriminator any
+sequence classifier with one label (``AutoModelForSequenceClassification``), each named by a
+``save_pretrained`` directory, a model id, or a YAML of config fields for a fresh model; the
+discriminator may be the word ``generator`` (its body, a new score head). The tokenizer is
+``model.tokenizer`` or the generator's. Texts come from local files (text, json/jsonl, csv,
+parquet), are tokenized with ``Dataset.map`` (cached by datasets), truncated and ended with
+the end-of-sequence token.
+
+Stage 1 trains the generator by maximum likelihood (``training.objective: mle``), then the
+discriminator; stage 2 is REINFORCE on the discriminator's ratings (see
+:mod:`trainer.tasks.sequence_gan`), with optional maximum-likelihood and KL terms. Eval
+generates one sequence per held-out text and scores ``nll_test``, ``d_accuracy``,
+``mean_length`` and ``distinct2``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    GenerationConfig,
+    PretrainedConfig,
+)
+
+from trainer.config import as_list, is_model_source
+from trainer.errors import CheckpointError, ConfigError, DataError
+from trainer.tasks.oracle_text import cache_root
+from trainer.tasks.sequence_gan import SequenceGanOptions, SequenceGanTask
+from trainer.tasks.transformers_models import build_config, load_pretrained
+
+logger = logging.getLogger("trainer")
+
+#: the ``datasets.load_dataset`` builder of each file suffix
+FORMATS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+@dataclass
+class TextOptions(SequenceGanOptions):
+    #: the column of json, csv and parquet files that holds the texts (text files: each line)
+    text_column: str = "text"
+    #: tokens kept of each text, its end-of-sequence token included
+    max_length: int = 64
+    #: tokens generated per sequence (fewer when it ends with the end-of-sequence token)
+    max_new_tokens: int = 32
+    #: sampling temperature, in training and eval
+    temperature: float = 1.0
+
+
+def read_texts(files: list[str], column: str, cache_dir: Path) -> Any:
+    """The texts of ``files`` as one ``datasets.Dataset`` with a ``text`` column; a file that
+    cannot be read, has no rows or lacks the column is one DataError naming it."""
+    import datasets
+
+    parts = []
+    for name in files:
+        builder = FORMATS.get(Path(name).suffix.lower())
+        if builder is None:
+            raise DataError(f"{name}: unknown file type; expected one of {', '.join(FORMATS)}")
+        try:
+            table = datasets.load_dataset(builder, data_files=name, split="train", cache_dir=str(cache_dir))
+        except Exception as exc:  # each builder raises its own parser's errors
+            first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+            raise DataError(f"{name}: cannot read as {builder}: {first[:200]}") from None
+        wanted = "text" if builder == "text" else column
+        if len(table) == 0:
+            raise DataError(f"{name}: no rows")
+        if wanted not in table.column_names:
+            raise DataError(
+                f"{name}: no column {wanted!r} (task_options.text_column); it has {', '.join(table.column_names)}"
+            )
+        parts.append(table.select_columns([wanted]).rename_column(wanted, "text") if wanted != "text" else table)
+    return datasets.concatenate_datasets([p.select_columns(["text"]) for p in parts])
+
+
+def has_text(row: dict[str, Any]) -> bool:
+    """Whether a row holds a text that is not empty or blank."""
+    return isinstance(row["text"], str) and bool(row["text"].strip())
+
+
+def tokenize(rows: dict[str, list[str]], tokenizer: Any, max_length: int, eos_id: int) -> dict[str, list[list[int]]]:
+    """Token ids of a batch of texts: the first ``max_length - 1`` tokens, then end-of-sequence."""
+    ids = tokenizer(rows["text"], add_special_tokens=False)["input_ids"]
+    return {"input_ids": [row[: max_length - 1] + [eos_id] for row in ids]}
+
+
+def model_config(fields: dict[str, Any], source: str, **forced: Any) -> PretrainedConfig:
+    """The transformers config of a model to load (stock config.json fields accepted as
+    transformers accepts them) or of a fresh model from YAML (checked key by key)."""
+    if not is_model_source(source):
+        return build_config(fields, source, **forced)
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    model_type = fields.get("model_type")
+    if model_type not in CONFIG_MAPPING:
+        raise ConfigError(f"{source}: config.json has model_type {model_type!r}, unknown to transformers")
+    return CONFIG_MAPPING[model_type].from_dict({**fields, **forced})
+
+
+class TextTask(SequenceGanTask):
+    """A pretrained causal LM against a sequence classifier on local texts."""
+
+    Options = TextOptions
+
+    def __init__(self, run: Any) -> None:
+        super().__init__(run)
+        o, cfg = self.options, self.config
+        self.validate_penalties()
+        if cfg.data.path:
+            raise ConfigError(f"{run.source}: key 'data.path': the text recipe reads data.train_files")
+        if not as_list(cfg.data.train_files):
+            raise ConfigError(f"{run.source}: key 'data.train_files' is empty: name your training texts")
+        if not as_list(cfg.data.eval_files) and cfg.data.eval_fraction <= 0:
+            raise ConfigError(f"{run.source}: key 'data.eval_files' is empty and data.eval_fraction is 0")
+        if cfg.eval.prefix_len:
+            raise ConfigError(f"{run.source}: key 'eval.prefix_len': the text recipe generates unconditionally (0)")
+        for key, value in (("max_length", o.max_length), ("max_new_tokens", o.max_new_tokens)):
+            if value < 2:
+                raise ConfigError(f"{run.source}: key 'task_options.{key}' must be at least 2")
+        if o.temperature <= 0:
+            raise ConfigError(f"{run.source}: key 'task_options.temperature' must be positive")
+        self.tokenizer = self._tokenizer()
+        tok = self.tokenizer
+        self.eos_id = tok.eos_token_id
+        self.pad_id = tok.pad_token_id
+        self.start_id = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+        self.banned = sorted({self.start_id, self.pad_id} - {self.eos_id})
+        self.generator_hf = model_config(run.generator, run.generator_source)
+        self.discriminator_hf = model_config(
+            run.discriminator, run.discriminator_source, num_labels=1, pad_token_id=self.pad_id
+        )
+        for config, source in (
+            (self.generator_hf, run.generator_source),
+            (self.discriminator_hf, run.discriminator_source),
+        ):
+            if config.vocab_size < len(tok):
+                raise ConfigError(
+                    f"{source}: a vocabulary of {config.vocab_size} is smaller than the tokenizer's {len(tok)}"
+                )
+            positions = getattr(config, "max_position_embeddings", None)
+            longest = max(o.max_length, o.max_new_tokens + 1)
+            if positions is not None and positions < longest:
+                raise ConfigError(f"{source}: {positions} positions are fewer than the {longest} a sequence needs")
+        self.generator_needs_data = cfg.training.objective == "mle" or o.mle_weight > 0
+
+    def _tokenizer(self) -> Any:
+        """``model.tokenizer``, else the generator's; without a pad token, end-of-sequence pads."""
+        source = self.config.model.tokenizer or self.run.generator_source
+        if not is_model_source(source):
+            raise ConfigError(
+                f"{self.run.source}: key 'model.tokenizer' is empty and the generator ({source}) is a YAML "
+                "config: name a tokenizer directory or id"
+            )
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source)
+        except (OSError, ValueError) as exc:
+            first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+            raise ConfigError(f"{source}: cannot load a tokenizer: {first[:200]}") from None
+        if tokenizer.eos_token_id is None:
+            raise ConfigError(f"{source}: the tokenizer has no end-of-sequence token (eos_token)")
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        tokenizer.padding_side = "right"  # training batches; generate's prompts are one start token
+        return tokenizer
+
+    # -- data ------------------------------------------------------------------------------------
+    @functools.cached_property
+    def _splits(self) -> dict[str, Any]:
+        """Tokenized train and eval texts (datasets caches the tokenization: a rerun is free)."""
+        data, o = self.config.data, self.options
+        cache = cache_root(data.cache_dir) / "datasets"
+        train_files, eval_files = as_list(data.train_files), as_list(data.eval_files)
+        train = read_texts(train_files, o.text_column, cache)
+        if eval_files:
+            held_out = read_texts(eval_files, o.text_column, cache)
+        else:
+            split = train.train_test_split(test_size=data.eval_fraction, seed=self.config.training.seed)
+            train, held_out = split["train"], split["test"]
+        splits = {}
+        for name, table, files in (("train", train, train_files), ("eval", held_out, eval_files or train_files)):
+            before = len(table)
+            table = table.filter(has_text)
+            if before != len(table):
+                logger.info(f"{name} texts: skipped {before - len(table)} empty rows of {before}")
+            if len(table) == 0:
+                raise DataError(f"{', '.join(files)}: no {name} text that is not empty")
+            ending = {"tokenizer": self.tokenizer, "max_length": o.max_length, "eos_id": self.eos_id}
+            splits[name] = table.map(tokenize, batched=True, remove_columns=["text"], fn_kwargs=ending)
+        return splits
+
+    def train_dataset(self) -> torch.utils.data.Dataset:
+        return self._splits["train"]
+
+    def eval_dataset(self) -> torch.utils.data.Dataset:
+        # Each eval text carries the uniforms its generated tokens are drawn with, so an eval
+        # scores the same generated sequences whatever the number of processes or batch size.
+        table = self._splits["eval"]
+        rng = torch.Generator().manual_seed(self.config.training.seed + 1)
+        uniforms = torch.rand(len(table), self.options.max_new_tokens, generator=rng)
+        return table.add_column("uniforms", uniforms.tolist())
+
+    def collate(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        batch = self.tokenizer.pad({"input_ids": [item["input_ids"] for item in items]}, return_tensors="pt")
+        out = {"input_ids": batch["input_ids"]}
+        if "uniforms" in items[0]:
+            out["uniforms"] = torch.tensor([item["uniforms"] for item in items])
+        return out
+
+    def real(self, batch: Any) -> torch.Tensor:
+        return batch["input_ids"]
+
+    # -- models ----------------------------------------------------------------------------------
+    def _finish(self, model: nn.Module) -> nn.Module:
+        model.config.pad_token_id = self.pad_id
+        if self.config.model.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        return model.to(getattr(torch, self.config.model.dtype))
+
+    def _load(self, auto_class: Any, source: str, what: str, **config: Any) -> nn.Module:
+        try:
+            return auto_class.from_pretrained(source, **config)
+        except (OSError, ValueError, KeyError) as exc:
+            raise CheckpointError(f"{source}: cannot load the {what}: {str(exc).splitlines()[0][:200]}") from None
+
+    def build_generator(self) -> nn.Module:
+        source = self.run.generator_source
+        if is_model_source(source):
+            model = self._load(AutoModelForCausalLM, source, "generator")
+        else:
+            model = AutoModelForCausalLM.from_config(self.generator_hf)
+        return self._finish(model)
+
+    def build_discriminator(self) -> nn.Module:
+        source = self.run.discriminator_source
+        if is_model_source(source):
+            # num_labels=1: a causal LM's checkpoint (the generator's) gives the body, a new head
+            model = self._load(
+                AutoModelForSequenceClassification, source, "discriminator", num_labels=1, pad_token_id=self.pad_id
+            )
+        else:
+            model = AutoModelForSequenceClassification.from_config(self.discriminator_hf)
+        if self.options.reward == "prefix" and not isinstance(getattr(model, "score", None), nn.Module):
+            raise ConfigError(
+                f"{source}: a {type(model).__name__} has no per-position 'score' head (causal classifiers "
+                "such as gpt2 and llama have); set task_options.reward: sequence"
+            )
+        return self._finish(model)
+
+    def load_pretrained(self, role: str, path: Path) -> nn.Module | None:
+        if role == "generator":
+            model = load_pretrained(AutoModelForCausalLM, path, "generator")
+        else:
+            model = load_pretrained(
+                AutoModelForSequenceClassification, path, "discriminator", num_labels=1, pad_token_id=self.pad_id
+            )
+        return None if model is None else self._finish(model)
+
+    def save_with(self, role: str, directory: Path) -> None:
+        """Beside exported weights: the tokenizer, and the generator's sampling settings, so that
+        ``pipeline("text-generation", model=directory)`` generates as the eval does."""
+        self.tokenizer.save_pretrained(directory)
+        if role == "generator":
+            o = self.options
+            GenerationConfig(
+                do_sample=True,
+                max_new_tokens=o.max_new_tokens,
+                temperature=o.temperature,
+                top_k=o.top_k or None,
+                top_p=o.top_p,
+                bos_token_id=self.start_id,
+                eos_token_id=self.eos_id,
+                pad_token_id=self.pad_id,
+            ).save_pretrained(directory)
+
+    # -- sampling --------------------------------------------------------------------------------
+    def generate(self, generator: nn.Module, num: int, rng: torch.Generator, batch: Any = None) -> torch.Tensor:
+        prefix = torch.empty((num, 0), dtype=torch.long, device=rng.device)
+        uniforms = torch.rand(num, self.options.max_new_tokens, generator=rng, device=rng.device)
+        return self.sample_sequences(generator, prefix, uniforms, self.options.temperature)
+
+    # -- eval ------------------------------------------------------------------------------------
+    def eval_outputs(self, generator: nn.Module, discriminator: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+        real = batch["input_ids"]
+        prefix = torch.empty((real.shape[0], 0), dtype=torch.long, device=real.device)
+        tokens = self.sample_sequences(generator, prefix, batch["uniforms"], self.options.temperature)
+        real_mask, fake_mask = self.valid_mask(real), self.valid_mask(tokens)
+        log_p = self.token_log_probs(generator, real, self.options.temperature)
+        return {
+            "nll_test": -(log_p * real_mask).sum(1) / real_mask.sum(1),
+            "d_real": self.score(discriminator, real).float(),
+            "d_fake": self.score(discriminator, tokens).float(),
+            "length": fake_mask.sum(1),
+            "generated": tokens.masked_fill(fake_mask == 0, self.eval_pad_value),
+        }
+
+    def eval_metrics(self, outputs: dict[str, torch.Tensor]) -> dict[str, float]:
+        correct = (outputs["d_real"] > 0).sum() + (outputs["d_fake"] <= 0).sum()
+        bigrams: list[tuple[int, int]] = []
+        for row in outputs["generated"].tolist():
+            tokens = [t for t in row if t >= 0]
+            bigrams.extend(zip(tokens, tokens[1:], strict=False))
+        return {
+            "nll_test": float(outputs["nll_test"].double().mean()),
+            "d_accuracy": float(correct) / (2 * len(outputs["d_real"])),
+            "mean_length": float(outputs["length"].double().mean()),
+            "distinct2": len(set(bigrams)) / len(bigrams) if bigrams else 0.0,
+        }
+
+    def on_eval(self, step: int, outputs: dict[str, torch.Tensor], output_dir: Path, trackers: list[Any]) -> None:
+        count = self.options.write_samples
+        if count <= 0:
+            return
+        rows = [[t for t in row if t >= 0 and t != self.eos_id] for row in outputs["generated"][:count].tolist()]
+        texts = [" ".join(self.tokenizer.decode(row).split()) for row in rows]
+        path = output_dir / "samples" / f"step-{step:07d}.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(text + "\n" for text in texts))
