@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import yaml
 from helpers import ROOT, check, deep_merge, launch, records
 
@@ -64,6 +65,7 @@ def check_evals(out: Path, processes: int) -> list[dict[str, Any]]:
         assert record["num_samples"] == EVAL_TEXTS
         assert 0 < record["nll_test"] < 20 and 0 <= record["d_accuracy"] <= 1
         assert 1 <= record["mean_length"] <= 12 and 0 < record["distinct2"] <= 1
+        assert 0 <= record["bleu4"] <= 1 and 0 <= record["self_bleu4"] <= 1
     return evals
 
 
@@ -164,8 +166,6 @@ def test_bad_text_inputs_are_one_line_each(tmp_path, example, capsys):
 def test_padding_is_excluded_from_the_losses_and_the_eval(tmp_path, example):
     """The NLL of a padded batch equals the mean over each text's own tokens, computed on each
     text alone (no padding anywhere), in training (mle_loss) and in eval (nll_test)."""
-    import torch
-
     from trainer.config import load_config
     from trainer.tasks import load_task
 
@@ -186,3 +186,33 @@ def test_padding_is_excluded_from_the_losses_and_the_eval(tmp_path, example):
     for row, log_p in enumerate(alone):
         assert float(outputs["nll_test"][row]) == pytest.approx(float(-log_p.mean()), rel=1e-5)
     assert task.valid_mask(torch.tensor([[5, task.eos_id, task.pad_id, task.pad_id]])).tolist() == [[1, 1, 0, 0]]
+
+
+def test_bleu_and_distinct_bigrams_against_hand_computed_values(tmp_path, example):
+    from trainer.config import load_config
+    from trainer.tasks import load_task
+    from trainer.tasks.text import mean_bleu
+
+    sentence = "return the value of the named attribute".split()
+    assert mean_bleu([sentence], lambda _: [sentence]) == pytest.approx(1.0)
+    # one of two hypotheses matches a reference exactly; the other shares no word with any
+    other = "zebra quartz".split()
+    assert mean_bleu([sentence, other], lambda _: [sentence]) == pytest.approx(0.5, abs=1e-3)
+    # Self-BLEU: two identical texts rate each other 1; a lone text has no references
+    assert mean_bleu([sentence, sentence], lambda i: [[sentence, sentence][1 - i]]) == pytest.approx(1.0)
+    assert mean_bleu([sentence], lambda i: []) == 0.0
+
+    task = load_task(load_config(write_text_run(tmp_path, example["gpt2"])))
+    eos = task.eos_id
+    generated = torch.tensor([[5, 6, 7, 8, eos, -1], [5, 6, 7, eos, -1, -1]])
+    outputs = {
+        "nll_test": torch.tensor([1.0, 3.0]),
+        "d_real": torch.tensor([1.0, -1.0]),
+        "d_fake": torch.tensor([-1.0, -1.0]),
+        "length": torch.tensor([5.0, 4.0]),
+        "generated": generated,
+    }
+    metrics = task.eval_metrics(outputs)
+    # bigrams: (5,6) (6,7) (7,8) (8,eos) and (5,6) (6,7) (7,eos): 5 distinct of 7
+    assert metrics["distinct2"] == pytest.approx(5 / 7)
+    assert metrics["nll_test"] == 2.0 and metrics["mean_length"] == 4.5 and metrics["d_accuracy"] == 0.75

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,9 @@ class TextOptions(SequenceGanOptions):
     max_new_tokens: int = 32
     #: sampling temperature, in training and eval
     temperature: float = 1.0
+    #: eval: BLEU and Self-BLEU over the first this many generated texts (their cost grows
+    #: with the square of it)
+    bleu_samples: int = 200
 
 
 def read_texts(files: list[str], column: str, cache_dir: Path) -> Any:
@@ -92,6 +96,22 @@ def tokenize(rows: dict[str, list[str]], tokenizer: Any, max_length: int, eos_id
     """Token ids of a batch of texts: the first ``max_length - 1`` tokens, then end-of-sequence."""
     ids = tokenizer(rows["text"], add_special_tokens=False)["input_ids"]
     return {"input_ids": [row[: max_length - 1] + [eos_id] for row in ids]}
+
+
+def mean_bleu(hypotheses: list[list[str]], references: Callable[[int], list[list[str]]]) -> float:
+    """The mean sentence BLEU-4 of word lists against ``references(i)`` for the i-th, as the
+    text-GAN literature computes BLEU (against held-out texts: quality) and Self-BLEU (against
+    the other generated texts: lack of diversity): nltk's ``sentence_bleu`` with uniform
+    weights and smoothing method 1 (Texygen's). An empty hypothesis, or one without
+    references, scores 0."""
+    from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
+
+    smoothing = SmoothingFunction().method1
+    scores = []
+    for i, words in enumerate(hypotheses):
+        refs = references(i)
+        scores.append(sentence_bleu(refs, words, smoothing_function=smoothing) if words and refs else 0.0)
+    return float(sum(scores) / len(scores)) if scores else 0.0
 
 
 def model_config(fields: dict[str, Any], source: str, **forced: Any) -> PretrainedConfig:
@@ -303,25 +323,39 @@ class TextTask(SequenceGanTask):
             "generated": tokens.masked_fill(fake_mask == 0, self.eval_pad_value),
         }
 
+    def decode(self, rows: list[list[int]]) -> list[str]:
+        """Texts of token-id rows (eval padding and the end-of-sequence token dropped), with
+        whitespace collapsed."""
+        texts = self.tokenizer.batch_decode([[t for t in row if t >= 0 and t != self.eos_id] for row in rows])
+        return [" ".join(text.split()) for text in texts]
+
+    @functools.cached_property
+    def _reference_words(self) -> list[list[str]]:
+        """The held-out texts as words: BLEU's references."""
+        return [text.split() for text in self.decode(self._splits["eval"]["input_ids"])]
+
     def eval_metrics(self, outputs: dict[str, torch.Tensor]) -> dict[str, float]:
         correct = (outputs["d_real"] > 0).sum() + (outputs["d_fake"] <= 0).sum()
+        rows = outputs["generated"].tolist()
         bigrams: list[tuple[int, int]] = []
-        for row in outputs["generated"].tolist():
+        for row in rows:
             tokens = [t for t in row if t >= 0]
             bigrams.extend(zip(tokens, tokens[1:], strict=False))
+        words = [text.split() for text in self.decode(rows[: self.options.bleu_samples])]
         return {
             "nll_test": float(outputs["nll_test"].double().mean()),
             "d_accuracy": float(correct) / (2 * len(outputs["d_real"])),
             "mean_length": float(outputs["length"].double().mean()),
             "distinct2": len(set(bigrams)) / len(bigrams) if bigrams else 0.0,
+            "bleu4": mean_bleu(words, lambda _: self._reference_words),
+            "self_bleu4": mean_bleu(words, lambda i: words[:i] + words[i + 1 :]),
         }
 
     def on_eval(self, step: int, outputs: dict[str, torch.Tensor], output_dir: Path, trackers: list[Any]) -> None:
         count = self.options.write_samples
         if count <= 0:
             return
-        rows = [[t for t in row if t >= 0 and t != self.eos_id] for row in outputs["generated"][:count].tolist()]
-        texts = [" ".join(self.tokenizer.decode(row).split()) for row in rows]
+        texts = self.decode(outputs["generated"][:count].tolist())
         path = output_dir / "samples" / f"step-{step:07d}.txt"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(text + "\n" for text in texts))
