@@ -4,6 +4,7 @@ classifier on your own texts, stage 1 in 1 process and stage 2 in 2, and its bad
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -216,3 +217,17 @@ def test_bleu_and_distinct_bigrams_against_hand_computed_values(tmp_path, exampl
     # bigrams: (5,6) (6,7) (7,8) (8,eos) and (5,6) (6,7) (7,eos): 5 distinct of 7
     assert metrics["distinct2"] == pytest.approx(5 / 7)
     assert metrics["nll_test"] == 2.0 and metrics["mean_length"] == 4.5 and metrics["d_accuracy"] == 0.75
+
+
+@pytest.mark.timeout(300)
+def test_bfloat16_weights_with_gradient_checkpointing(tmp_path, example):
+    """model.dtype bfloat16 and model.gradient_checkpointing: a run trains, and exports bfloat16."""
+    from safetensors import safe_open
+
+    model = {"dtype": "bfloat16", "gradient_checkpointing": True}
+    config = write_text_run(tmp_path, example["llama"], {"model": model, "training": {"max_steps": 2}})
+    assert main(["--config", str(config), "--device", "cpu"]) == 0
+    train = records(tmp_path / "out", "train")
+    assert all(math.isfinite(r["g_loss"]) and math.isfinite(r["d_loss"]) for r in train)
+    with safe_open(str(tmp_path / "out" / "final" / "generator" / "model.safetensors"), "pt") as weights:
+        assert {weights.get_tensor(key).dtype for key in weights.keys()} == {torch.bfloat16}
