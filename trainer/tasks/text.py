@@ -359,3 +359,5 @@ class TextTask(SequenceGanTask):
         path = output_dir / "samples" / f"step-{step:07d}.txt"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(text + "\n" for text in texts))
+        for tracker in trackers:  # a string value is text to accelerate's trackers (add_text)
+            tracker.log({"samples": "\n\n".join(texts)}, step=step)
