@@ -247,3 +247,39 @@ def test_bfloat16_weights_with_gradient_checkpointing(tmp_path, example):
     assert all(math.isfinite(r["g_loss"]) and math.isfinite(r["d_loss"]) for r in train)
     with safe_open(str(tmp_path / "out" / "final" / "generator" / "model.safetensors"), "pt") as weights:
         assert {weights.get_tensor(key).dtype for key in weights.keys()} == {torch.bfloat16}
+
+
+@pytest.mark.timeout(300)
+def test_prompted_generation_continues_real_texts_and_trains_only_what_it_chose(tmp_path, example):
+    from trainer.config import load_config
+    from trainer.tasks import Penalties, load_task
+
+    options = {"prompt_len": 3, "mle_weight": 0.5}
+    config = write_text_run(tmp_path, example["gpt2"], {"task_options": options, "training": {"max_steps": 2}})
+    task = load_task(load_config(config))
+    generator, discriminator = task.build_generator(), task.build_discriminator()
+    dataset = task.train_dataset()
+    assert min(len(row) for row in dataset["input_ids"]) > 3
+    batch = task.collate([dataset[i] for i in range(4)])
+    rng = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        fake = task.generate(generator, 4, rng, batch)
+        advantage, _ = task._advantages(fake, discriminator)
+    assert torch.equal(fake[:, :3], batch["input_ids"][:, :3])
+    assert advantage[:, :3].abs().sum() == 0 and advantage[:, 3:].abs().sum() > 0
+    # the discriminator's fake examples are the generated positions only
+    loss, parts = task.discriminator_loss(discriminator, batch["input_ids"], fake, rng, Penalties())
+    scores = task.prefix_scores(discriminator, torch.cat(task_pad(task, batch["input_ids"], fake)))
+    fake_scores = scores[4:][task.generated_mask(task_pad(task, batch["input_ids"], fake)[1]).bool()]
+    assert float(parts["d_fake"]) == pytest.approx(float(fake_scores.mean()), rel=1e-5)
+
+    assert main(["--config", str(config), "--device", "cpu"]) == 0
+    samples = (tmp_path / "out" / "samples" / "step-0000002.txt").read_text().splitlines()
+    prompts = task.decode([row[:3] for row in task.eval_dataset()["input_ids"][:3]])
+    assert all(sample.startswith(prompt) for sample, prompt in zip(samples, prompts, strict=True))
+
+
+def task_pad(task, real, fake):
+    from trainer.tasks.sequence_gan import pad_right
+
+    return pad_right([real, fake], task.pad_id)

@@ -85,6 +85,8 @@ class SequenceGanTask(Task):
     pad_id: int
     eos_id: int | None
     banned: list[int]
+    #: generated sequences continue this many tokens of a real one (0: from the start token)
+    prompt_len: int = 0
 
     def validate_penalties(self) -> None:
         """Gradient penalties need continuous inputs: refuse them with the key named."""
@@ -102,6 +104,15 @@ class SequenceGanTask(Task):
             return None
         ends = (sequences == self.eos_id).long()
         return ((ends.cumsum(1) - ends) == 0).float()
+
+    def generated_mask(self, sequences: torch.Tensor) -> torch.Tensor | None:
+        """:meth:`valid_mask` without the prompt: the positions the generator chose (None:
+        every position)."""
+        mask = self.valid_mask(sequences)
+        if not self.prompt_len:
+            return mask
+        chosen = (torch.arange(sequences.shape[1], device=sequences.device) >= self.prompt_len).float()
+        return chosen.expand(sequences.shape) if mask is None else mask * chosen
 
     # -- sampling and scoring ------------------------------------------------------------------
     def warpers(self, temperature: float) -> list[Any]:
@@ -185,10 +196,11 @@ class SequenceGanTask(Task):
             return super().discriminator_loss(discriminator, real, fake, rng, penalties)
         # Real and generated sequences in one forward; every real prefix is a labelled example.
         both = torch.cat([real, fake])
-        scores, mask = self.prefix_scores(discriminator, both), self.valid_mask(both)
-        if mask is not None:
-            keep = mask.bool().chunk(2)
-            real_scores, fake_scores = (s[k] for s, k in zip(scores.chunk(2), keep, strict=True))
+        scores = self.prefix_scores(discriminator, both)
+        # A generated sequence's prompt is real text: only what the generator chose is fake.
+        keep = (self.valid_mask(real), self.generated_mask(fake))
+        if keep[0] is not None and keep[1] is not None:
+            real_scores, fake_scores = (s[k.bool()] for s, k in zip(scores.chunk(2), keep, strict=True))
         else:
             real_scores, fake_scores = (s.reshape(-1) for s in scores.chunk(2))
         loss = losses.discriminator_loss(self.config.training.loss, real_scores, fake_scores)
@@ -197,7 +209,7 @@ class SequenceGanTask(Task):
     def _advantages(self, fake: torch.Tensor, discriminator: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token advantages [batch, length] of generated sequences (0 on padding), and
         their mean reward."""
-        mask = self.valid_mask(fake)
+        mask = self.generated_mask(fake)
         if self.options.reward == "sequence":
             reward = torch.sigmoid(self.score(discriminator, fake)).unsqueeze(1)  # [batch, 1]
             returns = reward.expand_as(fake) if mask is not None else reward
@@ -265,13 +277,13 @@ class SequenceGanTask(Task):
         ``mle_weight`` x NLL of real data and ``kl_coef`` x KL from the reference generator."""
         o = self.options
         with torch.no_grad():
-            fake = self.generate(generator, num, rng)
+            fake = self.generate(generator, num, rng, batch)
             advantage, reward = self._advantages(fake, discriminator)
         mle = o.mle_weight > 0
         # One forward for generated and real sequences: DDP allows one forward per backward.
         sequences = torch.cat(pad_right([fake, self.real(batch)], self.pad_id)) if mle else fake
         log_p = self.token_log_probs(generator, sequences)
-        fake_log_p, fake_mask = log_p[:num, : fake.shape[1]], self.valid_mask(fake)
+        fake_log_p, fake_mask = log_p[:num, : fake.shape[1]], self.generated_mask(fake)
         policy = -masked_mean(advantage * fake_log_p, fake_mask)
         loss, parts = policy, {"reward": reward, "policy_loss": policy.detach()}
         if o.kl_coef > 0:

@@ -56,6 +56,9 @@ class TextOptions(SequenceGanOptions):
     max_new_tokens: int = 32
     #: sampling temperature, in training and eval
     temperature: float = 1.0
+    #: generate from the first this many tokens of a real text (0: unconditional); texts
+    #: shorter than that are left out
+    prompt_len: int = 0
     #: eval: BLEU and Self-BLEU over the first this many generated texts (their cost grows
     #: with the square of it)
     bleu_samples: int = 200
@@ -171,7 +174,11 @@ class TextTask(SequenceGanTask):
             longest = max(o.max_length, o.max_new_tokens + 1)
             if positions is not None and positions < longest:
                 raise ConfigError(f"{source}: {positions} positions are fewer than the {longest} a sequence needs")
-        self.generator_needs_data = cfg.training.objective == "mle" or o.mle_weight > 0
+        if not 0 <= o.prompt_len < o.max_length - 1:
+            raise ConfigError(f"{run.source}: key 'task_options.prompt_len' must be in [0, max_length - 1)")
+        self.prompt_len = o.prompt_len
+        # The generator phase takes real texts for its MLE term, or for its prompts.
+        self.generator_needs_data = cfg.training.objective == "mle" or o.mle_weight > 0 or o.prompt_len > 0
 
     def _tokenizer(self) -> Any:
         """``model.tokenizer``, else the generator's; without a pad token, end-of-sequence pads."""
@@ -215,7 +222,14 @@ class TextTask(SequenceGanTask):
             if len(table) == 0:
                 raise DataError(f"{', '.join(files)}: no {name} text that is not empty")
             ending = {"tokenizer": self.tokenizer, "max_length": o.max_length, "eos_id": self.eos_id}
-            splits[name] = table.map(tokenize, batched=True, remove_columns=["text"], fn_kwargs=ending)
+            table = table.map(tokenize, batched=True, remove_columns=["text"], fn_kwargs=ending)
+            if o.prompt_len:
+                before = len(table)
+                table = table.filter(lambda row: len(row["input_ids"]) > o.prompt_len)
+                logger.info(f"{name} texts: left out {before - len(table)} of at most prompt_len tokens")
+                if len(table) == 0:
+                    raise DataError(f"{', '.join(files)}: no {name} text longer than task_options.prompt_len")
+            splits[name] = table
         return splits
 
     def train_dataset(self) -> torch.utils.data.Dataset:
@@ -303,16 +317,23 @@ class TextTask(SequenceGanTask):
             ).save_pretrained(directory)
 
     # -- sampling --------------------------------------------------------------------------------
+    def prompts(self, num: int, batch: Any, device: torch.device) -> torch.Tensor:
+        """The first ``prompt_len`` tokens of the batch's first ``num`` texts (none when 0)."""
+        if not self.prompt_len:
+            return torch.empty((num, 0), dtype=torch.long, device=device)
+        return self.real(batch)[:num, : self.prompt_len]
+
     def generate(self, generator: nn.Module, num: int, rng: torch.Generator, batch: Any = None) -> torch.Tensor:
-        prefix = torch.empty((num, 0), dtype=torch.long, device=rng.device)
         uniforms = torch.rand(num, self.options.max_new_tokens, generator=rng, device=rng.device)
-        return self.sample_sequences(generator, prefix, uniforms, self.options.temperature)
+        return self.sample_sequences(
+            generator, self.prompts(num, batch, rng.device), uniforms, self.options.temperature
+        )
 
     # -- eval ------------------------------------------------------------------------------------
     def eval_outputs(self, generator: nn.Module, discriminator: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
         real = batch["input_ids"]
-        prefix = torch.empty((real.shape[0], 0), dtype=torch.long, device=real.device)
-        tokens = self.sample_sequences(generator, prefix, batch["uniforms"], self.options.temperature)
+        prompts = self.prompts(real.shape[0], batch, real.device)
+        tokens = self.sample_sequences(generator, prompts, batch["uniforms"], self.options.temperature)
         real_mask, fake_mask = self.valid_mask(real), self.valid_mask(tokens)
         log_p = self.token_log_probs(generator, real, self.options.temperature)
         return {
