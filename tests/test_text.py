@@ -3,6 +3,7 @@ classifier on your own texts, stage 1 in 1 process and stage 2 in 2, and its bad
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from pathlib import Path
@@ -121,7 +122,8 @@ def test_stage1_in_one_process_then_stage2_in_two(tmp_path, example):
     assert kl[0] < 1e-5 and all(value > 10 * kl[0] for value in kl[1:]), kl
     samples = (out2 / "samples" / "step-0000004.txt").read_text().splitlines()
     assert len(samples) == 3
-    assert tensorboard_text(out2, "samples")[-1] == "\n\n".join(samples)
+    if importlib.util.find_spec("tensorboard"):  # the default tracker, when installed
+        assert tensorboard_text(out2, "samples")[-1] == "\n\n".join(samples)
     assert generates(out2 / "final" / "generator").startswith("Return the")
 
 
