@@ -285,3 +285,23 @@ def task_pad(task, real, fake):
     from trainer.tasks.sequence_gan import pad_right
 
     return pad_right([real, fake], task.pad_id)
+
+
+def test_every_local_format_reads_the_same_texts(tmp_path):
+    """text (a text per line), json, jsonl, csv and parquet, with a column of another name."""
+    import datasets
+
+    from trainer.tasks.text import read_texts
+
+    texts = ["first text, with a comma", "second text", 'third "quoted" text']
+    (tmp_path / "texts.txt").write_text("".join(t + "\n" for t in texts))
+    (tmp_path / "texts.jsonl").write_text("".join(json.dumps({"body": t, "id": i}) + "\n" for i, t in enumerate(texts)))
+    (tmp_path / "texts.json").write_text(json.dumps([{"body": t} for t in texts]))
+    table = datasets.Dataset.from_dict({"body": texts, "id": [0, 1, 2]})
+    table.to_csv(str(tmp_path / "texts.csv"), index=False)
+    table.to_parquet(str(tmp_path / "texts.parquet"))
+    for suffix in ("txt", "jsonl", "json", "csv", "parquet"):
+        read = read_texts([str(tmp_path / f"texts.{suffix}")], "body", tmp_path / "cache")
+        assert read.column_names == ["text"] and read["text"] == texts, suffix
+    both = read_texts([str(tmp_path / "texts.txt"), str(tmp_path / "texts.csv")], "body", tmp_path / "cache")
+    assert both["text"] == texts + texts

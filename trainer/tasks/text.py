@@ -86,8 +86,12 @@ def read_texts(files: list[str], column: str, cache_dir: Path) -> Any:
             raise DataError(
                 f"{name}: no column {wanted!r} (task_options.text_column); it has {', '.join(table.column_names)}"
             )
-        parts.append(table.select_columns([wanted]).rename_column(wanted, "text") if wanted != "text" else table)
-    return datasets.concatenate_datasets([p.select_columns(["text"]) for p in parts])
+        table = table.select_columns([wanted])
+        if wanted != "text":
+            table = table.rename_column(wanted, "text")
+        # one string type for all (parquet may hold large_string): the parts must concatenate
+        parts.append(table.cast_column("text", datasets.Value("string")))
+    return datasets.concatenate_datasets(parts)
 
 
 def has_text(row: dict[str, Any]) -> bool:
