@@ -45,6 +45,16 @@ TEXT_STAGE2 = (
     "scripts/train_stage2.py --config configs/training/text_stage2.yaml --device cpu"
 )
 
+TEXT_TABLE = "python scripts/run_text.py --device cpu --seeds 0"
+#: the text recipe at a tiny size: a few steps, a small eval
+TEXT_TINY = [
+    "--set=training.max_steps=2",
+    "--set=training.eval_every=2",
+    "--set=stage1.discriminator.training.max_steps=2",
+    "--set=eval.batch_size=50",
+    "--set=task_options.bleu_samples=20",
+]
+
 #: run on the stage-1 generator of test_readme_stage1_then_stage2_alone
 FRONTIER = "python scripts/oracle_frontier.py outputs/oracle/stage1/best/generator"
 RING_DEBUG = ["--debug"]
@@ -92,6 +102,7 @@ def test_every_readme_command_is_run_or_covered():
         TEXT_EXAMPLE,
         TEXT_STAGE1,
         TEXT_STAGE2,
+        TEXT_TABLE,
     }
     unknown = commands - set(COVERED) - set(RUN) - dependent
     assert not unknown, f"README commands neither run nor covered by a test: {sorted(unknown)}"
@@ -192,3 +203,17 @@ def test_readme_text_example(tmp_path):
     run(TEXT_STAGE2, *data, *models, "--output-dir", str(tmp_path / "stage2"))
     evals = records(tmp_path / "stage2", "eval")
     assert evals[-1]["world_size"] == 2 and evals[-1]["num_samples"] == 200
+
+
+@pytest.mark.timeout(450)
+def test_readme_text_table(tmp_path):
+    result = run(TEXT_TABLE, *TEXT_TINY, f"--set=data.cache_dir={tmp_path / 'cache'}", "--output-dir", str(tmp_path))
+    rows = result.stdout.splitlines()
+    assert rows[0] == "seeds 0: mean [min, max]" and rows[1].split() == ["nll_test", "bleu4", "self_bleu4"]
+    assert [row.split(",")[0] if row.startswith("stage 1") else row[:7] for row in rows[2:6]] == [
+        "stage 1",
+        "stage 1",
+        "stage 1",
+        "stage 2",
+    ]
+    assert "seed 0, stage2, step-0000002.txt:" in result.stdout
