@@ -248,19 +248,28 @@ def agreed(accelerator: Accelerator, what: str, action: Callable[[], T]) -> T:
     The rank that failed re-raises its own error; the others raise one naming that rank, so no
     rank is left waiting in a later collective.
     """
-    error: UserError | None = None
-    result = None
-    try:
-        result = action()
-    except UserError as exc:
-        error = exc
-    failed = ranks_with(accelerator, error is not None, what)
-    if failed:
-        if error is None:
-            error = UserError(f"{what} failed on rank(s) {', '.join(map(str, failed))}; see that rank's error")
-        error.agreed = True
-        raise error
+    result, error = attempt(action)
+    fail_together(error, ranks_with(accelerator, error is not None, what), what, "see that rank's error")
     return result
+
+
+def attempt(action: Callable[[], T]) -> tuple[T | None, UserError | None]:
+    """``action``'s result, or the UserError it raised (then None for the result)."""
+    try:
+        return action(), None
+    except UserError as exc:
+        return None, exc
+
+
+def fail_together(error: UserError | None, failed: list[int], what: str, detail: str) -> None:
+    """Raise on every rank when ``failed`` (the same list on every rank) is not empty: a failed
+    rank its own ``error``, the others one naming the failed ranks and ``detail``."""
+    if not failed:
+        return
+    if error is None:
+        error = UserError(f"{what} failed on rank(s) {', '.join(map(str, failed))}; {detail}")
+    error.agreed = True
+    raise error
 
 
 def agreed_between_runs(what: str, action: Callable[[], T]) -> T:
@@ -270,22 +279,12 @@ def agreed_between_runs(what: str, action: Callable[[], T]) -> T:
     a process group (the first run, one process) ``action`` runs alone."""
     if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
         return action()
-    error: UserError | None = None
-    result = None
-    try:
-        result = action()
-    except UserError as exc:
-        error = exc
+    result, error = attempt(action)
     outcomes: list[tuple[T | None, str | None]] = [(None, None)] * torch.distributed.get_world_size()
     HEARTBEAT.collective_entered(f"all_gather_object ({what})")
     torch.distributed.all_gather_object(outcomes, (result, None if error is None else str(error)))
     failed = [rank for rank, (_, message) in enumerate(outcomes) if message is not None]
-    if failed:
-        if error is None:
-            ranks = ", ".join(map(str, failed))
-            error = UserError(f"{what} failed on rank(s) {ranks}: {outcomes[failed[0]][1]}")
-        error.agreed = True
-        raise error
+    fail_together(error, failed, what, str(outcomes[failed[0]][1]) if failed else "")
     return outcomes[0][0]
 
 
