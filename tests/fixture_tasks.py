@@ -42,7 +42,7 @@ class PenaltyScale(GaussianMixtureTask):
     seen: ClassVar[list[float]] = []
 
     def discriminator_loss(self, discriminator, real, fake, rng, penalties):
-        PenaltyScale.seen.append(penalties.grad_scale)
+        PenaltyScale.seen.append(float(penalties.grad_scale))
         return super().discriminator_loss(discriminator, real, fake, rng, penalties)
 
 

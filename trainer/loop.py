@@ -432,7 +432,8 @@ class Trainer:
         )
         scaler = self.accelerator.scaler
         if scaler is not None and (penalties.gradient_penalty > 0 or penalties.r1 > 0):
-            penalties.grad_scale = float(scaler.get_scale())
+            # The scale as a tensor on the device: get_scale() would sync the GPU every D step.
+            penalties.grad_scale = scaler.scale(torch.ones((), device=self.accelerator.device))
         return penalties
 
     def discriminator_phase(self) -> None:

@@ -34,7 +34,7 @@ def generator_loss(kind: str, fake_scores: torch.Tensor) -> torch.Tensor:
     raise ValueError(f"unknown loss {kind!r}")
 
 
-def input_gradients(scores: torch.Tensor, inputs: torch.Tensor, grad_scale: float = 1.0) -> torch.Tensor:
+def input_gradients(scores: torch.Tensor, inputs: torch.Tensor, grad_scale: float | torch.Tensor = 1.0) -> torch.Tensor:
     """The gradient of the summed ``scores`` with respect to ``inputs``, kept in the graph.
 
     Under fp16 autocast the backward through the discriminator runs in half precision, where
@@ -46,7 +46,9 @@ def input_gradients(scores: torch.Tensor, inputs: torch.Tensor, grad_scale: floa
     return grads.float() / grad_scale
 
 
-def gradient_penalty(point_scores: torch.Tensor, points: torch.Tensor, grad_scale: float = 1.0) -> torch.Tensor:
+def gradient_penalty(
+    point_scores: torch.Tensor, points: torch.Tensor, grad_scale: float | torch.Tensor = 1.0
+) -> torch.Tensor:
     """WGAN-GP: mean of (||grad D|| - 1)^2 at ``points`` (which must require grad).
 
     The norm is taken per discriminator input, so packed samples count as one input.
@@ -55,7 +57,7 @@ def gradient_penalty(point_scores: torch.Tensor, points: torch.Tensor, grad_scal
     return (grads.reshape(point_scores.shape[0], -1).norm(dim=1) - 1).pow(2).mean()
 
 
-def r1_penalty(real_scores: torch.Tensor, real: torch.Tensor, grad_scale: float = 1.0) -> torch.Tensor:
+def r1_penalty(real_scores: torch.Tensor, real: torch.Tensor, grad_scale: float | torch.Tensor = 1.0) -> torch.Tensor:
     """R1: mean of ||grad D||^2 at the real inputs (``real`` must require grad)."""
     grads = input_gradients(real_scores, real, grad_scale)
     return grads.reshape(real_scores.shape[0], -1).pow(2).sum(dim=1).mean()

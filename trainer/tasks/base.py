@@ -32,9 +32,10 @@ class Penalties:
 
     gradient_penalty: float = 0.0
     r1: float = 0.0
-    #: the GradScaler's scale under fp16 (1 otherwise): the penalties' input gradients are
-    #: taken from scaled scores and unscaled (see ``losses.input_gradients``)
-    grad_scale: float = 1.0
+    #: the GradScaler's scale under fp16 (1 otherwise; a 0-dim tensor on the device): the
+    #: penalties' input gradients are taken from scaled scores and unscaled (see
+    #: ``losses.input_gradients``)
+    grad_scale: float | torch.Tensor = 1.0
 
 
 class Task:
