@@ -105,3 +105,19 @@ def test_an_output_directory_not_shared_by_every_rank_is_refused(tmp_path):
         assert "shared" in lines[0]
     assert not (tmp_path / "node1" / "out" / "checkpoints").exists()
     assert list((tmp_path / "node0" / "out").glob(".shared-check-*")) == []
+
+
+def test_a_later_run_takes_the_existing_groups_backend(tmp_path, monkeypatch):
+    """A pipeline's later run finds the group its first run formed: the device follows that
+    group's backend (agreed when it formed), not this rank's view of CUDA now."""
+    import torch
+
+    from trainer.process_group import form_process_group
+
+    store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        assert form_process_group("auto", 5) is True
+    finally:
+        torch.distributed.destroy_process_group()

@@ -102,13 +102,15 @@ def form_process_group(device: str, timeout_s: float) -> bool:
     the CPU's. The Accelerator then takes the group as it is.
 
     The store is torch's env:// one: the elastic agent's store under ``torchrun`` and
-    ``accelerate launch``, else one hosted by rank 0. Outside a launched job, or when a group
-    exists (a later run of a pipeline), only this process's view of ``--device`` counts. The
+    ``accelerate launch``, else one hosted by rank 0. When a group exists (a later run of a
+    pipeline) its backend decides; outside a launched job, this process's view of ``--device``. The
     restart count is the same for every worker of a single-node job (one agent restarts them
     all); on several nodes each agent counts its own restarts, see the README ("Automatic
     restarts").
     """
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or torch.distributed.is_initialized():
+    if torch.distributed.is_initialized():  # agreed when it formed: its backend says
+        return torch.distributed.get_backend() == "gloo"
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return local_device(device)
     timeout = timedelta(seconds=timeout_s)
     HEARTBEAT.beat(f"connecting to the launcher's store at {store_address()}")
