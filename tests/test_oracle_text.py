@@ -207,6 +207,18 @@ def test_bad_model_configs_name_file_and_key(tmp_path, capsys, model, message):
 
 
 @pytest.mark.timeout(120)
+def test_prefix_rewards_refuse_a_classifier_without_a_per_position_head(tmp_path, capsys):
+    bert = {"model_type": "bert", "vocab_size": VOCAB + 1, "hidden_size": 16, "num_hidden_layers": 1}
+    bert |= {"num_attention_heads": 2, "intermediate_size": 32, "max_position_embeddings": 16}
+    config = write_oracle_run(tmp_path)
+    (tmp_path / "discriminator.yaml").write_text(yaml.safe_dump(bert))
+    assert main(["--config", str(config), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "a BertForSequenceClassification has no per-position 'score' head" in err[0], err
+    assert "set task_options.reward: sequence" in err[0]
+
+
+@pytest.mark.timeout(120)
 def test_a_non_positive_eval_temperature_names_the_key(tmp_path, capsys):
     config = write_oracle_run(tmp_path, {"task_options": {"eval_temperature": 0.0}})
     assert main(["--config", str(config), "--device", "cpu"]) == 2

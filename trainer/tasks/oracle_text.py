@@ -31,7 +31,7 @@ from trainer.errors import ConfigError
 from trainer.tasks.base import TensorRows
 from trainer.tasks.oracle import OracleLSTM
 from trainer.tasks.sequence_gan import SequenceGanOptions, SequenceGanTask
-from trainer.tasks.transformers_models import build_config, load_pretrained
+from trainer.tasks.transformers_models import build_config
 
 #: sequences are sampled from the oracle in chunks of this size, so a dataset does not depend
 #: on how much memory the machine has
@@ -167,21 +167,11 @@ class OracleTextTask(SequenceGanTask):
     def build_discriminator(self) -> nn.Module:
         pretrained = self.load_pretrained("discriminator", Path(self.run.discriminator_source))
         model = pretrained or AutoModelForSequenceClassification.from_config(self.discriminator_hf)
-        if self.options.reward == "prefix" and not isinstance(getattr(model, "score", None), nn.Module):
-            raise ConfigError(
-                f"{self.run.discriminator_source}: a {type(model).__name__} has no per-position 'score' head "
-                "(a causal classifier such as gpt2 has); set task_options.reward: sequence"
-            )
+        self.check_prefix_head(model, self.run.discriminator_source)
         return model
 
     def load_pretrained(self, role: str, path: Path) -> nn.Module | None:
-        if role == "generator":
-            model = load_pretrained(AutoModelForCausalLM, path, "generator")
-        else:
-            # num_labels=1: a causal LM's directory (the stage-1 generator) gives the body
-            model = load_pretrained(
-                AutoModelForSequenceClassification, path, "discriminator", num_labels=1, pad_token_id=self.start_id
-            )
+        model = super().load_pretrained(role, path)
         if model is not None and model.config.vocab_size != self.options.vocab_size + 1:
             raise ConfigError(
                 f"{path}: a {role} with vocabulary {model.config.vocab_size}, "

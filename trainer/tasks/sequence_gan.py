@@ -19,6 +19,7 @@ from accelerate.utils import extract_model_from_parallel
 from torch import nn
 from transformers import (
     AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
     GenerationConfig,
     LogitsProcessorList,
     TemperatureLogitsWarper,
@@ -30,7 +31,7 @@ from trainer import losses
 from trainer.errors import ConfigError
 from trainer.tasks.base import Penalties, Task
 from trainer.tasks.sampling import InverseCdfSampling
-from trainer.tasks.transformers_models import load_pretrained
+from trainer.tasks.transformers_models import from_pretrained, load_pretrained
 
 
 @dataclass
@@ -113,6 +114,30 @@ class SequenceGanTask(Task):
             return mask
         chosen = (torch.arange(sequences.shape[1], device=sequences.device) >= self.prompt_len).float()
         return chosen.expand(sequences.shape) if mask is None else mask * chosen
+
+    # -- models --------------------------------------------------------------------------------
+    def pretrained(self, role: str, source: str) -> nn.Module:
+        """The generator (a causal LM) or the discriminator (a classifier with one label) that a
+        ``save_pretrained`` directory or a model id holds."""
+        if role == "generator":
+            return from_pretrained(AutoModelForCausalLM, source, "generator")
+        # num_labels=1: a causal LM's checkpoint (the generator's) gives the body, a new head
+        return from_pretrained(
+            AutoModelForSequenceClassification, source, "discriminator", num_labels=1, pad_token_id=self.pad_id
+        )
+
+    def load_pretrained(self, role: str, path: Path) -> nn.Module | None:
+        if not (path.is_dir() and (path / "config.json").is_file()):
+            return None
+        return self.pretrained(role, str(path))
+
+    def check_prefix_head(self, model: nn.Module, source: str) -> None:
+        """Prefix rewards need the classifier's head on every position (a ``score`` module)."""
+        if self.options.reward == "prefix" and not isinstance(getattr(model, "score", None), nn.Module):
+            raise ConfigError(
+                f"{source}: a {type(model).__name__} has no per-position 'score' head (causal classifiers "
+                "such as gpt2 and llama have); set task_options.reward: sequence"
+            )
 
     # -- sampling and scoring ------------------------------------------------------------------
     def warpers(self, temperature: float) -> list[Any]:

@@ -35,10 +35,10 @@ from transformers import (
 )
 
 from trainer.config import as_list, is_model_source
-from trainer.errors import CheckpointError, ConfigError, DataError
+from trainer.errors import ConfigError, DataError
 from trainer.tasks.oracle_text import cache_root
 from trainer.tasks.sequence_gan import SequenceGanOptions, SequenceGanTask
-from trainer.tasks.transformers_models import build_config, load_pretrained
+from trainer.tasks.transformers_models import build_config
 
 logger = logging.getLogger("trainer")
 
@@ -264,43 +264,23 @@ class TextTask(SequenceGanTask):
             model.gradient_checkpointing_enable()
         return model.to(getattr(torch, self.config.model.dtype))
 
-    def _load(self, auto_class: Any, source: str, what: str, **config: Any) -> nn.Module:
-        try:
-            return auto_class.from_pretrained(source, **config)
-        except (OSError, ValueError, KeyError) as exc:
-            raise CheckpointError(f"{source}: cannot load the {what}: {str(exc).splitlines()[0][:200]}") from None
-
     def build_generator(self) -> nn.Module:
         source = self.run.generator_source
         if is_model_source(source):
-            model = self._load(AutoModelForCausalLM, source, "generator")
-        else:
-            model = AutoModelForCausalLM.from_config(self.generator_hf)
-        return self._finish(model)
+            return self._finish(self.pretrained("generator", source))
+        return self._finish(AutoModelForCausalLM.from_config(self.generator_hf))
 
     def build_discriminator(self) -> nn.Module:
         source = self.run.discriminator_source
         if is_model_source(source):
-            # num_labels=1: a causal LM's checkpoint (the generator's) gives the body, a new head
-            model = self._load(
-                AutoModelForSequenceClassification, source, "discriminator", num_labels=1, pad_token_id=self.pad_id
-            )
+            model = self.pretrained("discriminator", source)
         else:
             model = AutoModelForSequenceClassification.from_config(self.discriminator_hf)
-        if self.options.reward == "prefix" and not isinstance(getattr(model, "score", None), nn.Module):
-            raise ConfigError(
-                f"{source}: a {type(model).__name__} has no per-position 'score' head (causal classifiers "
-                "such as gpt2 and llama have); set task_options.reward: sequence"
-            )
+        self.check_prefix_head(model, source)
         return self._finish(model)
 
     def load_pretrained(self, role: str, path: Path) -> nn.Module | None:
-        if role == "generator":
-            model = load_pretrained(AutoModelForCausalLM, path, "generator")
-        else:
-            model = load_pretrained(
-                AutoModelForSequenceClassification, path, "discriminator", num_labels=1, pad_token_id=self.pad_id
-            )
+        model = super().load_pretrained(role, path)
         return None if model is None else self._finish(model)
 
     def save_with(self, role: str, directory: Path) -> None:

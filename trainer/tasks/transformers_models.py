@@ -48,7 +48,13 @@ def load_pretrained(auto_class: Any, path: Path, what: str, **config: Any) -> An
     """
     if not (path.is_dir() and (path / "config.json").is_file()):
         return None
+    return from_pretrained(auto_class, str(path), what, **config)
+
+
+def from_pretrained(auto_class: Any, source: str, what: str, **config: Any) -> Any:
+    """``auto_class.from_pretrained(source)`` (a directory or a model id); a failure is one
+    CheckpointError naming the source."""
     try:
-        return auto_class.from_pretrained(str(path), **config)
+        return auto_class.from_pretrained(source, **config)
     except (OSError, ValueError, KeyError) as exc:
-        raise CheckpointError(f"{path}: cannot load the {what}: {str(exc).splitlines()[0]}") from None
+        raise CheckpointError(f"{source}: cannot load the {what}: {str(exc).splitlines()[0][:200]}") from None
