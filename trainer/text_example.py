@@ -15,6 +15,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
+
 #: the modules whose docstrings make the corpus (a fixed list: the same corpus everywhere)
 MODULES = (
     "argparse", "asyncio", "base64", "bisect", "calendar", "collections", "concurrent.futures", "configparser",
@@ -116,7 +118,10 @@ def write_text_example(
     for split, rows in (("eval", texts[:eval_texts]), ("train", texts[eval_texts:])):
         paths[split].write_text("".join(json.dumps({"text": text}) + "\n" for text in rows))
     tokenizer = train_tokenizer(texts[eval_texts:], vocab_size, paths["model"])
-    model = AutoModelForCausalLM.from_config(tiny_model_config(architecture, len(tokenizer), tokenizer.eos_token_id))
+    config = tiny_model_config(architecture, len(tokenizer), tokenizer.eos_token_id)
+    with torch.random.fork_rng(devices=[]):  # the weights from the seed, the caller's state untouched
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config)
     model.save_pretrained(paths["model"])
     if architecture == "gpt2":  # as a downloaded checkpoint's config.json
         config_file = paths["model"] / "config.json"

@@ -43,7 +43,7 @@ class SequenceGanOptions:
     kl_coef: float = 0.0
     #: "prefix": the discriminator rates every prefix of a sequence (its classifier head on each
     #: position of its causal body), learns from every position, and each generated token is
-    #: credited with the discounted ratings of the prefixes it starts; "sequence": whole
+    #: credited with the ratings of the prefixes it starts (see prefix_returns); "sequence": whole
     #: sequences only (one rating, the same for all of a sequence's tokens)
     reward: Literal["prefix", "sequence"] = "prefix"
     #: prefix rewards: weight of the rating of the prefix k tokens later in a token's return
@@ -72,6 +72,26 @@ def pad_right(sequences: list[torch.Tensor], value: int) -> list[torch.Tensor]:
         torch.nn.functional.pad(s, (0, longest - s.shape[1]), value=value) if s.shape[1] < longest else s
         for s in sequences
     ]
+
+
+def prefix_returns(ratings: torch.Tensor, mask: torch.Tensor | None, discount: float) -> torch.Tensor:
+    """Each token's return [batch, length] from the ratings of the prefixes it starts:
+    ``sum_k discount^k * ratings_{t+k}``. For sequences that end (a ``mask``; ratings 0 past
+    the end) the sum is divided by the same sum of the weights of the positions that exist, a
+    discounted mean: ratings are positive, so an undivided sum grows with every token still to
+    come, ending a text would cost reward, and generated texts would grow to the token limit."""
+
+    def discounted_sums(values: torch.Tensor) -> torch.Tensor:
+        sums = torch.empty_like(values)
+        running = torch.zeros_like(values[:, 0])
+        for t in range(values.shape[1] - 1, -1, -1):  # from the end: one multiply-add a step
+            running = values[:, t] + discount * running
+            sums[:, t] = running
+        return sums
+
+    if mask is None:
+        return discounted_sums(ratings)
+    return discounted_sums(ratings) / discounted_sums(mask).clamp(min=1e-6) * mask
 
 
 class SequenceGanTask(Task):
@@ -242,12 +262,7 @@ class SequenceGanTask(Task):
             reward = torch.sigmoid(self.prefix_scores(discriminator, fake))  # [batch, length]
             if mask is not None:
                 reward = reward * mask
-            # return_t = sum over k >= 0 of discount^k * reward_{t+k}, computed from the end
-            returns = torch.empty_like(reward)
-            running = torch.zeros_like(reward[:, 0])
-            for t in range(reward.shape[1] - 1, -1, -1):
-                running = reward[:, t] + self.options.discount * running
-                returns[:, t] = running
+            returns = prefix_returns(reward, mask, self.options.discount)
         if mask is None:
             advantage = returns - returns.mean(0, keepdim=True)  # baseline: the batch mean per position
             if self.options.normalize_advantage and fake.shape[0] > 1:
