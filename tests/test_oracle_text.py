@@ -141,7 +141,9 @@ def test_generated_sequences_of_different_lengths_are_gathered_exactly(tmp_path)
 
 
 @pytest.mark.timeout(300)
-def test_saved_generator_loads_with_the_same_logits_and_resume_is_exact(tmp_path):
+def test_saved_generator_loads_with_the_same_logits_and_resume_is_exact(tmp_path, caplog):
+    """Also: the tied output embedding is saved once without accelerate's alarming notice, and
+    is still tied after a resume."""
     from transformers import AutoModelForCausalLM
 
     from trainer.config import load_config
@@ -167,6 +169,9 @@ def test_saved_generator_loads_with_the_same_logits_and_resume_is_exact(tmp_path
         assert again.keys() == tensors.keys()
         for key in tensors:
             assert torch.equal(again[key], tensors[key]), f"{role}.{key} differs after resume"
+    generator = resumed.g.bare
+    assert generator.lm_head.weight is generator.transformer.wte.weight
+    assert not [r.getMessage() for r in caplog.records if "shared tensor" in r.getMessage()]
 
 
 @pytest.mark.timeout(120)
@@ -313,3 +318,26 @@ def test_bench_prints_both_stages_the_goal_and_the_temperature_baseline(tmp_path
     # At temperature 1 the baseline is stage 1's own eval (the table's stage-1 row).
     stage1_row = next(line for line in table.splitlines() if line.startswith("stage 1")).split()
     assert rows[0][1:3] == stage1_row[2:4]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("objective", "name"),
+    [("mle", "stage 1: generator"), ("discriminator", "stage 1: discriminator"), ("adversarial", "stage 2")],
+)
+def test_the_progress_bar_names_the_stage(tmp_path, monkeypatch, objective, name):
+    from tqdm.auto import tqdm
+
+    from trainer import loop
+    from trainer.config import load_config
+
+    bars = []
+
+    def recording_bar(*args, **kwargs):
+        bars.append(kwargs["desc"])
+        return tqdm(*args, **{**kwargs, "disable": True})
+
+    monkeypatch.setattr(loop, "tqdm", recording_bar)
+    config = write_oracle_run(tmp_path, {"training": {"objective": objective, "max_steps": 1}})
+    loop.Trainer(load_config(config), device="cpu").fit()
+    assert bars == [name]

@@ -48,6 +48,8 @@ OPTIMIZERS = {
     "sgd": torch.optim.SGD,
     "rmsprop": torch.optim.RMSprop,
 }
+#: what the progress bar calls a run, by training.objective
+PROGRESS_NAMES = {"adversarial": "stage 2", "mle": "stage 1: generator", "discriminator": "stage 1: discriminator"}
 
 
 def build_optimizer(section: OptimizerSection, model: nn.Module) -> torch.optim.Optimizer:
@@ -554,7 +556,7 @@ class Trainer:
             total=self.config.training.max_steps,
             initial=self.state.step,
             disable=None if acc.is_main_process else True,
-            desc="stage 2",
+            desc=PROGRESS_NAMES[self.config.training.objective],
             dynamic_ncols=True,
         )
         self.progress_lines = bar.disable
