@@ -341,3 +341,17 @@ def test_the_progress_bar_names_the_stage(tmp_path, monkeypatch, objective, name
     config = write_oracle_run(tmp_path, {"training": {"objective": objective, "max_steps": 1}})
     loop.Trainer(load_config(config), device="cpu").fit()
     assert bars == [name]
+
+
+@pytest.mark.timeout(180)
+def test_the_command_line_beats_the_config_files_stage_sections(tmp_path, caplog):
+    from trainer.cli import main_stage1
+
+    sections = {"generator": {"training.max_steps": 6}, "discriminator": {"training.max_steps": 6}}
+    config = write_oracle_run(tmp_path, {"stage1": sections, "training": {"eval_every": 1}})
+    with caplog.at_level("INFO", logger="trainer"):
+        assert main_stage1(["--config", str(config), "--device", "cpu", "--set", "training.max_steps=2"]) == 0
+    for run in (tmp_path / "out" / "generator_mle", tmp_path / "out"):
+        assert [r["step"] for r in records(run, "eval")] == [1, 2]
+    said = [r.getMessage() for r in caplog.records if "stage1." in r.getMessage()]
+    assert len(said) == 2 and all("training.max_steps=2" in line and "6" in line for line in said), said

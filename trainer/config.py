@@ -140,8 +140,9 @@ class DistributedSection:
 
 @dataclass
 class Stage1Section:
-    """scripts/train_stage1.py: overrides (dotted keys, as with --set) for its two parts, the
-    generator by maximum likelihood, then the discriminator against the stage-1 generator."""
+    """scripts/train_stage1.py: overrides (dotted keys, as with --set, which beats them) for its
+    two parts, the generator by maximum likelihood, then the discriminator against the stage-1
+    generator."""
 
     generator: dict[str, Any] = field(default_factory=dict)
     discriminator: dict[str, Any] = field(default_factory=dict)

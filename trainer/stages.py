@@ -15,6 +15,8 @@ run's config (which weights it takes, its file checks) is agreed before it start
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +25,8 @@ from typing import Any
 from trainer import runtime
 from trainer.config import RunConfig, dotted, load_config, override_mapping
 from trainer.loop import Trainer
+
+logger = logging.getLogger("trainer")
 
 
 @dataclass
@@ -76,43 +80,50 @@ def fit_stage1(
     resume: str | None = None,
     overwrite: bool = False,
 ) -> StageResult:
-    """Pre-train the generator (maximum likelihood), then the discriminator against it."""
+    """Pre-train the generator (maximum likelihood), then the discriminator against it.
+
+    Each run's settings, later ones winning: the config file, its ``stage1.<part>`` section,
+    ``overrides`` (the command line), then what the part must be (its objective, the weights
+    it starts from)."""
     result = StageResult()
     common = override_mapping(overrides)
     base = load_config(config, common, generator_config, discriminator_config, output_dir)
     out = Path(base.config.output_dir)
+    generator = out / "generator_mle"
 
     # The discriminator's run starts from the generator's best weights, known once it has run.
-    def discriminator_overrides() -> dict[str, Any]:
-        generator = str(_weights(out / "generator_mle", "generator"))
-        body = {"init.discriminator": generator} if base.config.stage1.discriminator_from_generator else {}
-        return {
-            **body,
-            **dotted(base.config.stage1.discriminator),
-            "training.objective": "discriminator",
-            "init.generator": generator,
-        }
+    def discriminator_run() -> tuple[dict[str, Any], dict[str, Any]]:
+        weights = str(_weights(generator, "generator"))
+        body = {"init.discriminator": weights} if base.config.stage1.discriminator_from_generator else {}
+        return body, {"training.objective": "discriminator", "init.generator": weights}
 
-    parts = {
-        "stage 1 generator": (
-            lambda: {**dotted(base.config.stage1.generator), "training.objective": "mle"},
-            out / "generator_mle",
-        ),
-        "stage 1 discriminator": (discriminator_overrides, out),
+    parts: dict[str, tuple[str, Callable[[], tuple[dict[str, Any], dict[str, Any]]], Path]] = {
+        "generator": ("stage 1 generator", lambda: ({}, {"training.objective": "mle"}), generator),
+        "discriminator": ("stage 1 discriminator", discriminator_run, out),
     }
-    for name, (stage_overrides, run_dir) in parts.items():
-        run = prepare_run(
-            name,
-            config,
-            lambda stage_overrides=stage_overrides: {**common, **stage_overrides()},
-            generator_config,
-            discriminator_config,
-            run_dir,
-        )
+    for part, (name, defaults_and_fixed, run_dir) in parts.items():
+        section = dotted(getattr(base.config.stage1, part))
+        _report_overridden(f"stage1.{part}", section, common)
+
+        def run_overrides(defaults_and_fixed=defaults_and_fixed, section=section) -> dict[str, Any]:
+            defaults, fixed = defaults_and_fixed()
+            return {**defaults, **section, **common, **fixed}
+
+        run = prepare_run(name, config, run_overrides, generator_config, discriminator_config, run_dir)
         result.metrics[name], result.stopped = fit_run(run, device, resume, overwrite)
         if result.stopped:
             break
     return result
+
+
+def _report_overridden(section_name: str, section: dict[str, Any], common: dict[str, Any]) -> None:
+    """Log (on rank 0, before any Accelerator exists) each key of a stage section that the
+    command line sets to another value."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    for key, value in section.items():
+        if key in common and common[key] != value:
+            logger.info(f"{section_name}: the command line's {key}={common[key]} replaces the config's {value}")
 
 
 def fit_pipeline(
