@@ -55,6 +55,7 @@ class PlainLoop:
         self.noise = torch.Generator(device=device).manual_seed(rank + 1)
         self.order = torch.Generator().manual_seed(0)
         self.batches: list[Any] = []
+        self.done = 0
 
     def next_real(self) -> Any:
         import torch
@@ -88,6 +89,7 @@ class PlainLoop:
             g_loss.backward()
             self.opt_g.step()
             self.d_bare.requires_grad_(True)
+        self.done += count
 
 
 def plain_alone(steps: int, device_name: str, result: Path) -> None:
@@ -129,7 +131,6 @@ def ring_overrides(steps: int, output_dir: Path) -> list[str]:
 def paired(rounds: int, block: int, device: str, result: Path) -> None:
     """Alternating blocks of the plain loop and of the trainer's step loop, in this process."""
     import torch
-    from tqdm import tqdm
 
     from trainer import runtime
     from trainer.config import load_config
@@ -141,17 +142,14 @@ def paired(rounds: int, block: int, device: str, result: Path) -> None:
     ring = ROOT / "configs" / "training" / "ring.yaml"
     overrides = ring_overrides(rounds * block + 1, run_dir)
     trainer = Trainer(load_config(ring, overrides=overrides), device, overwrite=True)
-    # The bench drives the trainer's set-up and step loop itself, to interleave the blocks.
-    trainer._build_accelerator()
-    acc = trainer.accelerator
-    with trainer.watchdog, trainer._stop_signals():
-        trainer._setup()
+    # The bench drives the trainer's steps itself, to interleave the blocks.
+    with trainer.start():
+        acc = trainer.accelerator
         data = trainer.train_loader.dataset.columns["points"]
         plain = PlainLoop(
             trainer.g.model, trainer.d.model, trainer.g.optimizer.optimizer, trainer.d.optimizer.optimizer,
             data, acc.process_index, acc.num_processes, acc.device,
         )  # fmt: skip
-        bar = tqdm(disable=True)
 
         def timed(work: Callable[[], object]) -> float:
             start = time.perf_counter()
@@ -161,12 +159,13 @@ def paired(rounds: int, block: int, device: str, result: Path) -> None:
             return time.perf_counter() - start
 
         def trainer_block() -> None:
-            trainer._train_steps(bar, until=trainer.state.step + block)
+            for _ in range(block):
+                trainer.step()
 
         blocks = [(timed(lambda: plain.steps(block)), timed(trainer_block)) for _ in range(rounds)]
-    if acc.is_main_process:
-        result.write_text(json.dumps({"blocks": blocks}))
-    runtime.release_accelerator()
+        is_main, steps = acc.is_main_process, {"plain": plain.done, "trainer": trainer.state.step}
+    if is_main:
+        result.write_text(json.dumps({"blocks": blocks, "steps": steps}))
     runtime.end_process_group()
 
 
@@ -185,7 +184,10 @@ def measure(processes: int, rounds: int, block: int, device: str, alone_steps: i
         here = Path(__file__)
         launch(processes, here, ["--paired", "--rounds", str(rounds), "--block", str(block),
                                  "--result", str(work_dir / "paired.json"), *common])  # fmt: skip
-        blocks = json.loads((work_dir / "paired.json").read_text())["blocks"]
+        paired_run = json.loads((work_dir / "paired.json").read_text())
+        blocks = paired_run["blocks"]
+        if set(paired_run["steps"].values()) != {rounds * block}:
+            sys.exit(f"bench_loop: each loop should have run {rounds * block} steps: {paired_run['steps']}")
         launch(processes, here, ["--plain-alone", "--steps", str(alone_steps),
                                  "--result", str(work_dir / "plain.json"), *common], launcher="torchrun")  # fmt: skip
         plain_peak = json.loads((work_dir / "plain.json").read_text())["peak_memory_mb"]

@@ -6,11 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 from fixture_tasks import Overflow
-from helpers import write_run
+from helpers import records, write_run
 
 from trainer.config import load_config
 from trainer.loop import Trainer
-from trainer.runtime import release_accelerator
 
 
 def step_two_generator(tmp_path, inject: bool):
@@ -20,9 +19,7 @@ def step_two_generator(tmp_path, inject: bool):
     training = {"gradient_accumulation_steps": 2, "nonfinite": "error"}
     config = write_run(tmp_path, {"task": "fixture_tasks:Overflow", "training": training})
     trainer = Trainer(load_config(config), device="cpu", scaler=torch.amp.GradScaler("cpu", init_scale=2.0**16))
-    try:
-        trainer._build_accelerator()
-        trainer._setup()
+    with trainer.start():
         scaler = trainer.accelerator.scaler
         trainer.discriminator_phase()
         trainer.generator_phase()
@@ -45,8 +42,6 @@ def step_two_generator(tmp_path, inject: bool):
         trainer.generator_phase()
         facts["skipped_g"] = trainer.state.skipped_g
         return {k: v.clone() for k, v in trainer.g.model.state_dict().items()}, facts
-    finally:
-        release_accelerator()
 
 
 @pytest.mark.timeout(120)
@@ -61,11 +56,18 @@ def test_overflow_in_one_model_leaves_the_other_update_exact(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_bf16_autocast_runs_on_cpu(tmp_path):
-    from helpers import records
-
-    config = write_run(tmp_path, {"training": {"mixed_precision": "bf16", "max_steps": 2}})
-    Trainer(load_config(config), device="cpu").fit()
+@pytest.mark.parametrize(("precision", "dtype"), [("bf16", torch.bfloat16), ("no", torch.float32)])
+def test_the_models_compute_in_the_configured_precision_on_cpu(tmp_path, precision, dtype):
+    config = write_run(tmp_path, {"training": {"mixed_precision": precision, "max_steps": 2}})
+    with Trainer(load_config(config), device="cpu").start() as trainer:
+        seen: dict[str, set[torch.dtype]] = {"generator": set(), "discriminator": set()}
+        for role, phase in (("generator", trainer.g), ("discriminator", trainer.d)):
+            # a layer inside: accelerate hands the model's own outputs back in float32
+            layer = next(m for m in phase.bare.modules() if isinstance(m, torch.nn.Linear))
+            layer.register_forward_hook(lambda module, args, out, role=role: seen[role].add(out.dtype))
+        trainer.step()
+        # the parameters (and what the optimizers update) stay float32
+        weights = {p.dtype for phase in (trainer.g, trainer.d) for p in phase.params}
+    assert seen == {"generator": {dtype}, "discriminator": {dtype}} and weights == {torch.float32}
     train = records(tmp_path / "out", "train")
-    assert len(train) == 2 and all(torch.isfinite(torch.tensor(r["d_loss"])) for r in train)
-    assert records(tmp_path / "out", "eval")[-1]["num_samples"] == 10
+    assert len(train) == 1 and all(torch.isfinite(torch.tensor(r["d_loss"])) for r in train)

@@ -184,8 +184,24 @@ class Trainer:
     ``fit()`` runs in the current process (which may be one rank of a launched job). A run
     that does not resume refuses an output directory holding checkpoints, unless
     ``overwrite`` (then that run's checkpoints, records and weights are deleted first).
-    ``scaler`` replaces accelerate's GradScaler; tests use it to exercise the fp16 path on CPU.
+    ``scaler``: a GradScaler to use instead of accelerate's (another initial scale; on the CPU,
+    where accelerate makes none, the fp16 path).
+
+    ``fit()`` is :meth:`start`, :meth:`step` until ``training.max_steps`` or an agreed stop,
+    then the final export; a caller may drive the same steps itself::
+
+        with trainer.start():
+            while trainer.state.step < 100:
+                trainer.step()  # or train_step(), log(), run_eval(), save() one by one
     """
+
+    #: set by :meth:`start`: the accelerator, the two phases (model, optimizer, scheduler),
+    #: the train state (step, counters, best), and the records
+    accelerator: Accelerator
+    d: Phase
+    g: Phase
+    state: TrainState
+    metrics: MetricsLog
 
     def __init__(
         self,
@@ -204,6 +220,51 @@ class Trainer:
         # Building the task checks its options and model configs: still no device touched.
         self.task: Task = load_task(run)
         self.output_dir = Path(self.config.output_dir)
+        #: the cause of an agreed stop ("a stop signal", "training.max_time"), else None
+        self.stopped: str | None = None
+        self.signal_received: str | None = None
+        #: no progress bar: a log line per train record instead
+        self.progress_lines = True
+        self._session: contextlib.ExitStack | None = None
+        self._steps_run = 0
+        self._started = self._window_start = 0.0
+        self._window_step = 0
+
+    # -- the lifecycle -------------------------------------------------------------------------
+    def start(self, training: bool = True) -> Trainer:
+        """Build the run on this rank: the accelerator, models, data, optimizers and the state
+        (from the checkpoint ``resume`` names). With ``training`` off (eval only) nothing is
+        written. Every rank of a launched job calls it. Until :meth:`close` (the end of a
+        ``with trainer.start():`` block) the watchdog runs and SIGTERM/SIGINT ask for a stop."""
+        self._session = contextlib.ExitStack()
+        try:
+            self._build_accelerator()
+            self._session.enter_context(self.watchdog)
+            self._session.enter_context(self._stop_signals())
+            with HEARTBEAT.long_work("start-up"):
+                self._setup(training)
+        except BaseException:
+            self.close()
+            raise
+        self._started = self._window_start = time.monotonic()
+        self._window_step = self.state.step
+        return self
+
+    def close(self) -> None:
+        """End the run on this rank: the watchdog and the signal handlers stop, and the
+        accelerator is released (a later run in this process starts clean)."""
+        try:
+            if self._session is not None:
+                self._session.close()
+                self._session = None
+        finally:
+            runtime.release_accelerator()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- set-up ----------------------------------------------------------------------------
     def _load_model(self, role: str, build: Any) -> nn.Module:
@@ -368,7 +429,7 @@ class Trainer:
         if phase.max_grad_norm > 0:
             phase.grad_norm = float(torch.nn.utils.clip_grad_norm_(params, phase.max_grad_norm))
             finite = math.isfinite(phase.grad_norm)
-        elif self._logs_at(self.state.step + 1):  # the norm is logged
+        elif self.logs_at(self.state.step + 1):  # the norm is logged
             phase.grad_norm = float(torch.nn.utils.get_total_norm([p.grad for p in params]))
             finite = math.isfinite(phase.grad_norm)
         else:
@@ -486,14 +547,8 @@ class Trainer:
         After an agreed stop (a signal, ``training.max_time``) :attr:`stopped` names the cause
         and the last checkpoint holds the state to resume from.
         """
-        try:
-            self._build_accelerator()
-            with self.watchdog, self._stop_signals():
-                with HEARTBEAT.long_work("start-up"):
-                    self._setup()
-                return self._train()
-        finally:
-            runtime.release_accelerator()
+        with self.start():
+            return self._train()
 
     def evaluate(self, source: str | Path | None = None) -> dict[str, Any]:
         """Score the eval set once and return the metrics, writing nothing.
@@ -526,8 +581,8 @@ class Trainer:
         """SIGTERM and SIGINT request an agreed stop; a second SIGINT interrupts at once. In a
         launched job a rank that cannot reach the agreed stop (blocked on a peer) exits after
         ``distributed.stop_grace_s`` (see :mod:`trainer.peers`)."""
-        self.signal_received: str | None = None
-        self.stopped: str | None = None
+        self.signal_received = None
+        self.stopped = None
 
         def request_stop(signum: int, frame: Any) -> None:
             if signum == signal.SIGINT and self.signal_received:
@@ -549,27 +604,30 @@ class Trainer:
                 signal.signal(signum, handler)
 
     def _train(self) -> dict[str, Any]:
-        acc = self.accelerator
+        acc, t = self.accelerator, self.config.training
         # disable=None: a bar on a terminal or in a notebook, none in a log file or pipe, where
         # the train lines of training.log_every show progress instead of carriage returns.
         bar = tqdm(
-            total=self.config.training.max_steps,
+            total=t.max_steps,
             initial=self.state.step,
             disable=None if acc.is_main_process else True,
-            desc=PROGRESS_NAMES[self.config.training.objective],
+            desc=PROGRESS_NAMES[t.objective],
             dynamic_ncols=True,
         )
         self.progress_lines = bar.disable
+        last_eval: dict[str, Any] = {}
         with logging_redirect_tqdm() if not bar.disable else contextlib.nullcontext():
-            if self.state.step >= self.config.training.max_steps:
+            if self.state.step >= t.max_steps:
                 # Resumed from the end of a finished run: nothing to train; its models' scores
                 # are the answer (not written again: the run's records hold them already).
                 last_eval, _ = evaluate(acc, self.task, self.g.model, self.d.model, self.eval_loader)
-            else:
-                last_eval = self._train_steps(bar)
+            while self.state.step < t.max_steps and not self.stopped:
+                metrics = self.step()
+                bar.update(1)
+                last_eval = last_eval if metrics is None else metrics
         bar.close()
         if not self.stopped:
-            self._export("final")
+            self.export("final")
         HEARTBEAT.collective_entered("barrier at the end")
         acc.wait_for_everyone()
         if acc.is_main_process and acc.trackers:
@@ -577,65 +635,77 @@ class Trainer:
                 tracker.finish()
         return last_eval
 
-    def _train_steps(self, bar: tqdm, until: int | None = None) -> dict[str, Any]:
-        """Steps until ``training.max_steps`` (or the earlier step ``until``: the loop benchmark
-        times blocks of steps) or an agreed stop; the last eval's metrics."""
-        acc, t, state = self.accelerator, self.config.training, self.state
-        end = t.max_steps if until is None else min(until, t.max_steps)
-        started = time.monotonic()
-        window_start, window_step = started, state.step
-        first_step = state.step + 1
-        last_eval: dict[str, Any] = {}
-        while state.step < end:
-            # The first step may build caches, kernels and communicators: it gets a longer bound.
-            first = state.step + 1 == first_step
-            # The one agreement of the step: a stop asked on any rank by now stops every rank at
-            # the end of this step. Its all-reduce runs while the step computes.
-            time_up = t.max_time > 0 and time.monotonic() - started >= t.max_time
-            stop = runtime.AnyRank(acc, [time_up, self.signal_received is not None], "per-step agreement")
-            with HEARTBEAT.long_work("first step") if first else contextlib.nullcontext():
-                # Stage 1 trains one model alone (see training.objective); stage 2 both.
-                if t.objective != "mle":
-                    for _ in range(t.d_steps_per_g_step):
-                        self.discriminator_phase()
-                if t.objective != "discriminator":
-                    self.generator_phase()
-            state.step += 1
-            HEARTBEAT.beat("end of step (agreement, log, eval, save)", state.step)
-            state.epoch, state.position = self.stream.epoch, self.stream.position
-            bar.update(1)
-            time_up, signalled = stop.result()
-            if self._logs_at(state.step):
-                elapsed = time.monotonic() - window_start
-                self._log_train(state.step - window_step, elapsed)
-                window_start, window_step = time.monotonic(), state.step
-            # A stop asked at the last step is moot: the run ends here anyway, with its eval.
-            if (signalled or time_up) and state.step < t.max_steps:
-                self.stopped = "a stop signal" if signalled else "training.max_time"
-                self._save()
-                logger.info(f"stopped at step {state.step} by {self.stopped}; continue with --resume latest")
-                break
-            paused = time.monotonic()
-            if state.step % t.eval_every == 0 or state.step == t.max_steps:
-                last_eval = self._evaluate()
-            if state.step % t.save_every == 0 or state.step == t.max_steps:
-                self._save()
-            window_start += time.monotonic() - paused  # throughput counts training time only
-        return last_eval
+    def step(self) -> dict[str, Any] | None:
+        """One step of :meth:`fit`: :meth:`train_step`, then the train log, eval and checkpoint
+        due after it; the eval's metrics when one ran. A stop asked on any rank (a signal,
+        ``training.max_time``) ends the step with a checkpoint instead, :attr:`stopped` naming
+        its cause."""
+        t, state = self.config.training, self.state
+        stop = self.train_step()
+        if self.logs_at(state.step):
+            self.log()
+        # A stop asked at the last step is moot: the run ends here anyway, with its eval.
+        if stop and state.step < t.max_steps:
+            self.stopped = stop
+            self.save()
+            logger.info(f"stopped at step {state.step} by {stop}; continue with --resume latest")
+            return None
+        metrics = None
+        if state.step % t.eval_every == 0 or state.step == t.max_steps:
+            metrics = self.run_eval()
+        if state.step % t.save_every == 0 or state.step == t.max_steps:
+            self.save()
+        return metrics
+
+    def train_step(self) -> str | None:
+        """One optimizer step on every rank: the D phases, then the G phase (stage 1 trains one
+        model alone, see ``training.objective``). Returns the cause of a stop asked on any rank
+        by now, agreed by all ("a stop signal", "training.max_time"), or None."""
+        t, state = self.config.training, self.state
+        # The one agreement of the step: a stop asked on any rank by now stops every rank at
+        # the end of this step. Its all-reduce runs while the step computes.
+        time_up = t.max_time > 0 and time.monotonic() - self._started >= t.max_time
+        stop = runtime.AnyRank(self.accelerator, [time_up, self.signal_received is not None], "per-step agreement")
+        # The first step may build caches, kernels and communicators: it gets a longer bound.
+        with HEARTBEAT.long_work("first step") if self._steps_run == 0 else contextlib.nullcontext():
+            if t.objective != "mle":
+                for _ in range(t.d_steps_per_g_step):
+                    self.discriminator_phase()
+            if t.objective != "discriminator":
+                self.generator_phase()
+        state.step += 1
+        self._steps_run += 1
+        HEARTBEAT.beat("end of step (agreement, log, eval, save)", state.step)
+        state.epoch, state.position = self.stream.epoch, self.stream.position
+        time_up, signalled = stop.result()
+        return "a stop signal" if signalled else "training.max_time" if time_up else None
+
+    @contextlib.contextmanager
+    def _outside_throughput(self) -> Iterator[None]:
+        """Time spent inside does not count in the logged steps/s (evals, checkpoints)."""
+        paused = time.monotonic()
+        try:
+            yield
+        finally:
+            self._window_start += time.monotonic() - paused
 
     # -- log, eval, save ---------------------------------------------------------------------
-    def _logs_at(self, step: int) -> bool:
+    def logs_at(self, step: int) -> bool:
         """Whether step ``step`` (counted from 1) ends with a train log: a function of the step
         alone, the same on every rank (the log all-reduces the losses)."""
         return step % self.config.training.log_every == 0
 
-    def _log_train(self, steps: int, elapsed: float) -> None:
-        """Mean losses over the window, averaged over ranks (one reduce at a log step).
+    def log(self) -> None:
+        """The train record of the steps since the last one: mean losses, averaged over ranks
+        (one reduce), and steps/s over the training time (evals and checkpoints excluded).
+        Every rank calls it at the same step.
 
         ``grad_norm_*`` are the norms of the last step, before clipping (computed at that
         step only when no clipping needs them at every step).
         """
         acc, t = self.accelerator, self.config.training
+        steps, elapsed = self.state.step - self._window_step, time.monotonic() - self._window_start
+        self._window_start, self._window_step = time.monotonic(), self.state.step
         window = {name: mean for phase in (self.d, self.g) for name, mean in phase.window_means().items()}
         names, sums = list(window), list(window.values())
         runtime.check_same_on_every_rank(
@@ -673,30 +743,34 @@ class Trainer:
             rate = f", {values['steps_per_s']:.2f} steps/s" if values["steps_per_s"] else ""
             logger.info(f"step {self.state.step}/{t.max_steps}: {losses}{rate}")
 
-    def _evaluate(self) -> dict[str, Any]:
+    def run_eval(self) -> dict[str, Any]:
+        """Score the eval set on every rank, write the eval record (the main process: samples,
+        plots) and, when ``training.best_metric`` improves, export ``best/``; the metrics."""
         acc, t, state = self.accelerator, self.config.training, self.state
-        metrics, outputs = evaluate(acc, self.task, self.g.model, self.d.model, self.eval_loader)
-        self.metrics.write("eval", state.step, metrics)
-        # The others wait for the main process's plots and samples here, named and with the
-        # long-work bound, rather than in the next step's all-reduce with the short one.
-        with HEARTBEAT.long_work("waiting for the main process's on_eval"):
-            if acc.is_main_process:
-                self.task.on_eval(state.step, outputs, self.output_dir, acc.trackers)
-            HEARTBEAT.collective_entered("barrier after on_eval")
-            acc.wait_for_everyone()
-        if t.best_metric:
-            value = metrics.get(t.best_metric)
-            if value is None:
-                raise DataError(
-                    f"training.best_metric: the eval has no metric {t.best_metric!r}; it has {sorted(metrics)}"
-                )
-            if improves(value, state.best_value, t.best_mode):
-                state.best_value, state.best_step = float(value), state.step
-                self._export("best")
-        logger.info(f"eval at step {state.step}: {metrics}")
-        return metrics
+        with self._outside_throughput():
+            metrics, outputs = evaluate(acc, self.task, self.g.model, self.d.model, self.eval_loader)
+            self.metrics.write("eval", state.step, metrics)
+            # The others wait for the main process's plots and samples here, named and with the
+            # long-work bound, rather than in the next step's all-reduce with the short one.
+            with HEARTBEAT.long_work("waiting for the main process's on_eval"):
+                if acc.is_main_process:
+                    self.task.on_eval(state.step, outputs, self.output_dir, acc.trackers)
+                HEARTBEAT.collective_entered("barrier after on_eval")
+                acc.wait_for_everyone()
+            if t.best_metric:
+                value = metrics.get(t.best_metric)
+                if value is None:
+                    raise DataError(
+                        f"training.best_metric: the eval has no metric {t.best_metric!r}; it has {sorted(metrics)}"
+                    )
+                if improves(value, state.best_value, t.best_mode):
+                    state.best_value, state.best_step = float(value), state.step
+                    self.export("best")
+            logger.info(f"eval at step {state.step}: {metrics}")
+            return metrics
 
-    def _export(self, name: str) -> None:
+    def export(self, name: str) -> None:
+        """Write both models to ``OUTPUT/<name>/`` (the main process; every rank waits)."""
         # The other ranks wait here for the main process's writes, with the long-work bound.
         with HEARTBEAT.long_work(f"writing {name}/ (main process)"):
             for role, phase in (("generator", self.g), ("discriminator", self.d)):
@@ -705,9 +779,10 @@ class Trainer:
             HEARTBEAT.collective_entered(f"barrier after writing {name}/")
             self.accelerator.wait_for_everyone()
 
-    def _save(self) -> None:
+    def save(self) -> None:
+        """Write a checkpoint of the whole run (every rank takes part)."""
         self.state.epoch, self.state.position = self.stream.epoch, self.stream.position
-        with HEARTBEAT.long_work("checkpoint write"):
+        with self._outside_throughput(), HEARTBEAT.long_work("checkpoint write"):
             path = checkpoint.save_checkpoint(
                 self.accelerator,
                 self.output_dir,
