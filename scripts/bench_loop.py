@@ -33,10 +33,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path.insert(0, str(ROOT))
 
-from helpers import env as launch_env  # noqa: E402  (tests/helpers.py: the launch commands)
-from helpers import launch_command, records  # noqa: E402
+from trainer.testing import launch_command, launch_env, records  # noqa: E402
 
 BATCH, PACKING, TRAIN_SIZE = 100, 2, 100_000
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(2**30), "MALLOC_TRIM_THRESHOLD_": str(2**30)}

@@ -24,9 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from trainer.cli import configure_logging, report  # noqa: E402
-from trainer.config import load_config  # noqa: E402
 from trainer.errors import ConfigError, UserError  # noqa: E402
-from trainer.tasks import load_task  # noqa: E402
+from trainer.tasks.oracle_report import frontier, table  # noqa: E402
 
 
 def temperature(text: str) -> float:
@@ -46,40 +45,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=value")
     return p
-
-
-@torch.no_grad()
-def frontier(
-    generator_dir: str, config: str, overrides: list[str], temperatures: list[float], device: str
-) -> list[tuple[float, float, float]]:
-    """(temperature, nll_oracle, nll_test) of the generator in ``generator_dir``, one per temperature."""
-    run = load_config(config, overrides, generator_config=generator_dir)
-    task = load_task(run)
-    generator = task.build_generator().to(device).eval()
-    loader = torch.utils.data.DataLoader(
-        task.eval_dataset(), batch_size=run.config.eval.batch_size, collate_fn=task.collate
-    )
-    rows = []
-    for temperature in temperatures:
-        totals = {"nll_oracle": 0.0, "nll_test": 0.0}
-        for batch in loader:
-            batch = {name: value.to(device) for name, value in batch.items()}
-            outputs = task.generator_eval(generator, batch, temperature)
-            for name in totals:
-                totals[name] += float(outputs[name].double().sum())
-        count = len(loader.dataset)
-        rows.append((temperature, totals["nll_oracle"] / count, totals["nll_test"] / count))
-    return rows
-
-
-def table(rows: list[tuple[float, float, float]]) -> str:
-    """The frontier as text, each row's change relative to the first row."""
-    _, oracle0, test0 = rows[0]
-    lines = [f"{'temperature':>11} {'nll_oracle':>10} {'nll_test':>10} {'change':>20}"]
-    for temperature, oracle, test in rows:
-        change = f"{100 * (oracle / oracle0 - 1):+.2f}% / {100 * (test / test0 - 1):+.2f}%"
-        lines.append(f"{temperature:11.2f} {oracle:10.4f} {test:10.4f} {change:>20}")
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from trainer import testing
+from trainer.testing import ROOT, SCRIPT, free_port, launch_command, launch_env, records
+
 TESTS = Path(__file__).resolve().parent
-SCRIPT = ROOT / "scripts" / "train_stage2.py"
+__all__ = ["ROOT", "SCRIPT", "free_port", "launch_command", "records"]
 LAUNCH_TIMEOUT = 240
 
 TINY_GENERATOR = {"latent_dim": 2, "hidden_dim": 16, "num_layers": 2}
@@ -66,59 +64,12 @@ def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 def env() -> dict[str, str]:
     """Environment of a launched run: the tests' modules importable, one thread each."""
-    out = dict(os.environ)
-    out["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(ROOT), out.get("PYTHONPATH", "")])
-    out["OMP_NUM_THREADS"] = "1"
-    out.pop("WORLD_SIZE", None)
-    return out
+    return launch_env([TESTS])
 
 
 def worker_env(rank: int, world_size: int, port: int) -> dict[str, str]:
-    """The environment a launcher gives worker ``rank`` of a one-node job (for workers that a
-    test starts by hand, to give each its own port or working directory)."""
-    return env() | {
-        "RANK": str(rank),
-        "LOCAL_RANK": str(rank),
-        "WORLD_SIZE": str(world_size),
-        "LOCAL_WORLD_SIZE": str(world_size),
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-    }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def launch_command(
-    args: list[str], processes: int, script: Path = SCRIPT, launcher: str = "accelerate", max_restarts: int = 0
-) -> list[str]:
-    """The command that runs the script in 1 process (plain python) or N (accelerate launch
-    with the 8gpu config, or torchrun). With ``max_restarts`` the launcher restarts every
-    worker after a failure, up to that many times (even for 1 process)."""
-    if processes == 1 and not max_restarts:
-        cmd = [sys.executable, str(script), *args]
-    elif launcher == "torchrun":
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
-        cmd += ["--max-restarts", str(max_restarts), str(script), *args]
-    else:
-        cmd = [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            "--config_file",
-            str(ROOT / "accelerate_configs" / "8gpu.yaml"),
-            "--num_processes",
-            str(processes),
-            "--main_process_port",
-            str(free_port()),
-            "--max_restarts",
-            str(max_restarts),
-        ]
-        cmd += [str(script), *args]
-    return cmd
+    """The environment a launcher gives worker ``rank`` (see trainer.testing.worker_env)."""
+    return testing.worker_env(rank, world_size, port, [TESTS])
 
 
 def launch(
@@ -132,9 +83,3 @@ def launch(
 def check(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
     return result
-
-
-def records(output_dir: Path, split: str | None = None) -> list[dict[str, Any]]:
-    lines = (output_dir / "metrics.jsonl").read_text().splitlines()
-    found = [json.loads(line) for line in lines if line.strip()]
-    return [r for r in found if split is None or r["split"] == split]

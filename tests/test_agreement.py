@@ -16,7 +16,11 @@ from trainer.loop import gradients_finite
 def fault_run(tmp_path, options, training=None):
     return write_run(
         tmp_path,
-        {"task": "fixture_tasks:Faults", "task_options": options, "training": {"max_steps": 4, **(training or {})}},
+        {
+            "task": "trainer.faultmatrix.inject:Faults",
+            "task_options": options,
+            "training": {"max_steps": 4, **(training or {})},
+        },
     )
 
 

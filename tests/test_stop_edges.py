@@ -16,7 +16,11 @@ def test_a_stop_at_the_last_step_still_runs_the_final_eval_and_export(tmp_path):
     # SIGTERM during step 3 is agreed at the start of step 4, the last one.
     config = write_run(
         tmp_path,
-        {"task": "fixture_tasks:Faults", "task_options": {"sigterm_call": 3}, "training": {"eval_every": 100}},
+        {
+            "task": "trainer.faultmatrix.inject:Faults",
+            "task_options": {"sigterm_call": 3},
+            "training": {"eval_every": 100},
+        },
     )
     result = check(launch(["--config", str(config), "--device", "cpu"], 1))
     out = tmp_path / "out"

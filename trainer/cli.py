@@ -1,4 +1,5 @@
-"""Command lines of stage 1 and stage 2: the same flags under python, torchrun and accelerate launch."""
+"""Command lines of stage 1, stage 2 and the oracle main job: the same flags under python, torchrun and
+accelerate launch."""
 
 from __future__ import annotations
 
@@ -171,6 +172,96 @@ def failure_status(exc: Exception) -> int:
 def main_stage1(argv: Sequence[str] | None = None) -> int:
     """Run stage 1 (see :mod:`trainer.stages`)."""
     return main(argv, stage=1)
+
+
+#: --full: the SeqGAN protocol's scale (a 10,000-sequence corpus, a larger generator trained
+#: by maximum likelihood for about 100 epochs, a longer adversarial stage)
+FULL_SIZE = [
+    "stage1.generator.training.max_steps=15000",
+    "stage1.generator.training.eval_every=1000",
+    "stage1.discriminator.training.max_steps=2000",
+    "stage1.discriminator.training.eval_every=500",
+    "training.max_steps=3000",
+    "training.eval_every=250",
+    "data.eval_size=5000",
+]
+
+
+def oracle_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="run_oracle", description="The main job: stage 1 then stage 2 of oracle_text, then the metric table."
+    )
+    p.add_argument("--stage1-config", default="configs/training/stage1.yaml")
+    p.add_argument("--stage2-config", default="configs/training/stage2.yaml")
+    p.add_argument("--output-dir", default="outputs/oracle")
+    p.add_argument("--oracle", help="the oracle's safetensors file (data.oracle_path); default: a seeded oracle")
+    p.add_argument("--full", action="store_true", help="the SeqGAN-size benchmark instead of the small default")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--resume", metavar="latest", help="continue an interrupted pipeline")
+    p.add_argument("--overwrite", action="store_true", help="replace the runs of an earlier pipeline in --output-dir")
+    p.add_argument("--goal", action="store_true", help="exit 1 unless stage 2 meets the benchmark goal")
+    p.add_argument(
+        "--frontier",
+        type=float,
+        nargs="+",
+        metavar="T",
+        help="then the stage-1 generator's eval at these temperatures (the baseline stage 2 must beat)",
+    )
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=value")
+    return p
+
+
+def run_overrides(args: argparse.Namespace) -> list[str]:
+    """The overrides every run of both stages gets: --full's sizes, --set, --oracle."""
+    overrides = [*(FULL_SIZE if args.full else []), *args.overrides]
+    if args.oracle:
+        overrides.append(f"data.oracle_path={args.oracle}")
+    return overrides
+
+
+def main_oracle(argv: Sequence[str] | None = None) -> int:
+    """scripts/run_oracle.py: stage 1 then stage 2 of oracle_text (every rank runs both), then
+    on rank 0 the table, the goal's verdict (``--goal``: exit 1 when not met) and the stage-1
+    generator's frontier (``--frontier``)."""
+    args = oracle_parser().parse_args(argv)
+    configure_logging()
+    rank = os.environ.get("RANK", "0")
+    overrides = run_overrides(args)
+    from trainer.runtime import end_process_group
+
+    try:
+        from trainer.stages import fit_pipeline
+
+        result = fit_pipeline(
+            args.stage1_config, args.stage2_config, args.output_dir, overrides, args.device, args.resume, args.overwrite
+        )
+    except UserError as exc:
+        return report(exc, rank)
+    finally:
+        end_process_group()
+    if result.stopped:
+        if rank == "0":
+            print(f"stopped by {result.stopped}; continue with --resume latest")
+        return 0
+    # Rank 0 alone from here, after the pipeline; no collective: printing and a local eval.
+    if rank != "0":
+        return 0
+    from trainer.tasks.oracle_report import benchmark_goal, frontier, oracle_table, table
+
+    print(oracle_table(result, published=bool(args.oracle)))
+    status = 0
+    if args.goal:
+        met, verdict = benchmark_goal(result)
+        print(verdict)
+        status = 0 if met else 1
+    if args.frontier:
+        import torch
+
+        cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+        generator = str(Path(args.output_dir) / "stage1" / "best" / "generator")
+        rows = frontier(generator, args.stage1_config, overrides, args.frontier, "cuda" if cuda else "cpu")
+        print(f"\nthe stage-1 generator at lower temperatures (no training):\n{table(rows)}")
+    return status
 
 
 if __name__ == "__main__":

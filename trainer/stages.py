@@ -83,8 +83,8 @@ def fit_stage1(
     """Pre-train the generator (maximum likelihood), then the discriminator against it.
 
     Each run's settings, later ones winning: the config file, its ``stage1.<part>`` section,
-    ``overrides`` (the command line), then what the part must be (its objective, the weights
-    it starts from)."""
+    ``overrides`` (the command line; there too ``stage1.<part>.KEY`` beats ``KEY``), then what
+    the part must be (its objective, the weights it starts from)."""
     result = StageResult()
     common = override_mapping(overrides)
     base = load_config(config, common, generator_config, discriminator_config, output_dir)
@@ -103,11 +103,14 @@ def fit_stage1(
     }
     for part, (name, defaults_and_fixed, run_dir) in parts.items():
         section = dotted(getattr(base.config.stage1, part))
-        _report_overridden(f"stage1.{part}", section, common)
+        # --set stage1.<part>.KEY=... is the command line's, and more specific than --set KEY=...
+        prefix = f"stage1.{part}."
+        specific = {key[len(prefix) :]: value for key, value in common.items() if key.startswith(prefix)}
+        _report_overridden(f"stage1.{part}", {k: v for k, v in section.items() if k not in specific}, common)
 
-        def run_overrides(defaults_and_fixed=defaults_and_fixed, section=section) -> dict[str, Any]:
+        def run_overrides(defaults_and_fixed=defaults_and_fixed, section=section, specific=specific) -> dict[str, Any]:
             defaults, fixed = defaults_and_fixed()
-            return {**defaults, **section, **common, **fixed}
+            return {**defaults, **section, **common, **specific, **fixed}
 
         run = prepare_run(name, config, run_overrides, generator_config, discriminator_config, run_dir)
         result.metrics[name], result.stopped = fit_run(run, device, resume, overwrite)
@@ -154,47 +157,3 @@ def fit_pipeline(
     metrics, result.stopped = fit_run(run, device, resume, overwrite)
     result.metrics["stage 2"] = metrics
     return result
-
-
-#: NLL_oracle at length 20 on the SeqGAN oracle (SeqGAN paper, Table 1)
-PUBLISHED_NLL_ORACLE = {"stage 1": ("MLE", 9.038), "stage 2": ("SeqGAN", 8.736)}
-METRICS = ("nll_oracle", "nll_test", "d_accuracy")
-
-
-def oracle_table(result: StageResult, published: bool) -> str:
-    """The metric table of an oracle_text pipeline: stage 1's pair (the eval of the
-    discriminator's run, whose generator is the stage-1 one) against stage 2's final eval,
-    with the relative change and, on the SeqGAN oracle, the published values."""
-    rows = {"stage 1": result.metrics.get("stage 1 discriminator", {}), "stage 2": result.metrics.get("stage 2", {})}
-    header = f"{'':10}" + "".join(f"{m:>12}" for m in METRICS)
-    if published:
-        header += f"{'published nll_oracle':>26}"
-    lines = [header]
-    for name, values in rows.items():
-        line = f"{name:10}" + "".join(f"{values[m]:12.4f}" if m in values else f"{'-':>12}" for m in METRICS)
-        if published:
-            label, value = PUBLISHED_NLL_ORACLE[name]
-            line += f"{f'{label} {value}':>26}"
-        lines.append(line)
-    if all(m in rows["stage 1"] and m in rows["stage 2"] for m in ("nll_oracle", "nll_test")):
-        change = relative_change(result)
-        lines.append(f"{'change':10}" + "".join(f"{100 * change[m]:+11.2f}%" for m in ("nll_oracle", "nll_test")))
-    return "\n".join(lines)
-
-
-def relative_change(result: StageResult) -> dict[str, float]:
-    """Stage 2's nll_oracle and nll_test relative to stage 1's (-0.03: 3% lower)."""
-    first, second = result.metrics["stage 1 discriminator"], result.metrics["stage 2"]
-    return {m: (second[m] - first[m]) / first[m] for m in ("nll_oracle", "nll_test")}
-
-
-def benchmark_goal(result: StageResult) -> tuple[bool, str]:
-    """Whether stage 2 lowered nll_oracle by at least 3% relative to stage 1 while nll_test rose
-    by at most 5%, and a line saying so."""
-    change = relative_change(result)
-    oracle, test = change["nll_oracle"], change["nll_test"]
-    met = oracle <= -0.03 and test <= 0.05
-    return met, (
-        f"goal {'met' if met else 'not met'}: nll_oracle {100 * oracle:+.2f}% (goal <= -3%), "
-        f"nll_test {100 * test:+.2f}% (goal <= +5%)"
-    )

@@ -1,0 +1,208 @@
+"""The fault matrix's runs: a tiny training run of the fault-injecting task, launched like a
+user would (1 process, accelerate launch or torchrun), and what the scenarios check with."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainer.testing import ROOT, launch_command, launch_env
+
+#: seconds a run may take before the matrix kills it and reports a hang
+HARD_TIMEOUT = 180
+WATCHDOG_S = 5.0
+
+
+@dataclass
+class Outcome:
+    """One row of the matrix."""
+
+    scenario: str
+    processes: int
+    ok: bool
+    outcome: str
+    seconds: float
+    on_disk: str
+
+
+class Run:
+    """A tiny training run in its own directory, launched like a user would."""
+
+    def __init__(
+        self,
+        work: Path,
+        processes: int,
+        task_options: dict[str, Any] | None = None,
+        launcher: str = "accelerate",
+        max_restarts: int = 0,
+        **sections: Any,
+    ):
+        self.work, self.processes = work, processes
+        self.launcher, self.max_restarts = launcher, max_restarts
+        self.out = work / "out"
+        self.pids = work / "pids"
+        self.pids.mkdir(parents=True, exist_ok=True)
+        (work / "g.yaml").write_text(yaml.safe_dump(sections.pop("generator", {"hidden_dim": 16, "num_layers": 2})))
+        (work / "d.yaml").write_text(yaml.safe_dump(sections.pop("discriminator", {"hidden_dim": 16, "num_layers": 2})))
+        config: dict[str, Any] = {
+            "task": "trainer.faultmatrix.inject:Faults",
+            "output_dir": str(self.out),
+            "model": {"generator_config": str(work / "g.yaml"), "discriminator_config": str(work / "d.yaml")},
+            "task_options": {"plot": False, "pid_dir": str(self.pids), **(task_options or {})},
+            "training": {
+                "max_steps": 6,
+                "batch_size": 4,
+                "eval_every": 3,
+                "save_every": 3,
+                "log_every": 1,
+                "mixed_precision": "no",
+                "log_with": ["none"],
+            },
+            "eval": {"batch_size": 4},
+            "data": {"train_size": 64, "eval_size": 10},
+            "distributed": {"watchdog_s": WATCHDOG_S, "timeout_s": 60},
+        }
+        for section, values in sections.items():
+            config[section] = {**config.get(section, {}), **values} if isinstance(values, dict) else values
+        self.config = work / "train.yaml"
+        self.config.write_text(yaml.safe_dump(config))
+        self.args = ["--config", str(self.config), "--device", "cpu"]
+
+    def command(self, *extra: str) -> list[str]:
+        return launch_command(
+            [*self.args, *extra], self.processes, launcher=self.launcher, max_restarts=self.max_restarts
+        )
+
+    def env(self) -> dict[str, str]:
+        return launch_env()
+
+    def start(self, *extra: str) -> subprocess.Popen:
+        for old in self.pids.iterdir():
+            old.unlink()
+        return subprocess.Popen(
+            self.command(*extra),
+            cwd=ROOT,
+            env=self.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+
+    def run(self, *extra: str) -> tuple[subprocess.CompletedProcess, float]:
+        """Run to the end; a run that outlives HARD_TIMEOUT is killed (its ranks too) and
+        reported as exit -999."""
+        start = time.monotonic()
+        proc = self.start(*extra)
+        code, stdout, stderr = wait(proc)
+        if code == -999:  # the launcher starts the ranks in sessions of their own
+            for pid_file in self.pids.glob("rank*.pid"):
+                with contextlib.suppress(ValueError, OSError):
+                    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        return subprocess.CompletedProcess(proc.args, code, stdout, stderr), time.monotonic() - start
+
+    def rank_pids(self, timeout: float = 120) -> dict[int, int]:
+        """Wait until every rank has started training; their pids by rank."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = {int(p.stem[4:]): int(p.read_text()) for p in self.pids.glob("rank*.pid") if p.read_text()}
+            if len(found) == self.processes:
+                return found
+            time.sleep(0.05)
+        raise TimeoutError("the ranks did not start training")
+
+    def records(self, split: str) -> list[dict[str, Any]]:
+        path = self.out / "metrics.jsonl"
+        lines = path.read_text().splitlines() if path.is_file() else []
+        return [r for r in map(json.loads, lines) if r["split"] == split]
+
+    def on_disk(self) -> str:
+        if not self.out.exists():
+            return "nothing"
+        names = (
+            sorted(p.name for p in (self.out / "checkpoints").iterdir()) if (self.out / "checkpoints").exists() else []
+        )
+        stalls = sorted(p.name for p in self.out.glob("stall-rank*.txt"))
+        final = "final/" if (self.out / "final").exists() else "no final/"
+        return ", ".join([*names, *stalls, final]) or "nothing"
+
+
+def weight_difference(a: Path, b: Path) -> float:
+    """The largest absolute difference between the weights of two final/ directories."""
+    from safetensors.torch import load_file
+
+    largest = 0.0
+    for role in ("generator", "discriminator"):
+        left, right = load_file(a / role / "model.safetensors"), load_file(b / role / "model.safetensors")
+        if left.keys() != right.keys():
+            return float("inf")
+        largest = max([largest, *((left[k] - right[k]).abs().max().item() for k in left)])
+    return largest
+
+
+def same_as_uninterrupted(resumed: Path, whole: Path, processes: int, missing: str) -> tuple[bool, str]:
+    """Whether the final weights of a resumed run equal an uninterrupted run's, and how it reads.
+
+    With 3 or more ranks, DDP's first iteration after a restart may group the gradient sums
+    differently from the uninterrupted run (floating-point sums depend on the grouping), so the
+    resumed weights can differ in the last bits; with 1 or 2 ranks they are identical.
+    ``missing`` is the text when ``resumed`` has no final/.
+    """
+    if not (resumed / "final").is_dir() or not (whole / "final").is_dir():
+        return False, missing
+    difference = weight_difference(resumed / "final", whole / "final")
+    if difference == 0.0:
+        return True, "bit-identical"
+    return processes > 2 and difference <= 1e-5, f"max |diff| {difference:.1e}"
+
+
+def wait(proc: subprocess.Popen, timeout: float = HARD_TIMEOUT) -> tuple[int, str, str]:
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        return -999, stdout, stderr + "\nHUNG: killed by the fault matrix"
+    return proc.returncode, stdout, stderr
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie has exited already; only a running or stopped process counts.
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error (rank")]
+
+
+def every_rank_says(stderr: str, processes: int, text: str) -> bool:
+    """Whether each rank printed one error line containing ``text``."""
+    lines = [line for line in error_lines(stderr) if text in line]
+    return sorted(line.split(")")[0] for line in lines) == [f"error (rank {r}" for r in range(processes)]
+
+
+def start_long_run(work: Path, processes: int, **sections: Any) -> tuple[Run, subprocess.Popen, dict[int, int]]:
+    """A run that would go on for hours, once every rank is training."""
+    training = {"max_steps": 100000, "save_every": 100000}
+    run = Run(work, processes, {"step_sleep_s": 0.02}, training=training, **sections)
+    proc = run.start()
+    pids = run.rank_pids()
+    time.sleep(0.5)
+    return run, proc, pids

@@ -1,0 +1,92 @@
+"""The oracle_text benchmark's reports: the stage-1 generator's quality-diversity frontier
+over temperatures, and the stage table against the SeqGAN paper's published figures."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from trainer.config import load_config
+from trainer.tasks import load_task
+
+if TYPE_CHECKING:
+    from trainer.stages import StageResult
+
+
+@torch.no_grad()
+def frontier(
+    generator_dir: str, config: str, overrides: list[str], temperatures: list[float], device: str
+) -> list[tuple[float, float, float]]:
+    """(temperature, nll_oracle, nll_test) of the generator in ``generator_dir``, one per temperature."""
+    run = load_config(config, overrides, generator_config=generator_dir)
+    task = load_task(run)
+    generator = task.build_generator().to(device).eval()
+    loader = torch.utils.data.DataLoader(
+        task.eval_dataset(), batch_size=run.config.eval.batch_size, collate_fn=task.collate
+    )
+    rows = []
+    for temperature in temperatures:
+        totals = {"nll_oracle": 0.0, "nll_test": 0.0}
+        for batch in loader:
+            batch = {name: value.to(device) for name, value in batch.items()}
+            outputs = task.generator_eval(generator, batch, temperature)
+            for name in totals:
+                totals[name] += float(outputs[name].double().sum())
+        count = len(loader.dataset)
+        rows.append((temperature, totals["nll_oracle"] / count, totals["nll_test"] / count))
+    return rows
+
+
+def table(rows: list[tuple[float, float, float]]) -> str:
+    """The frontier as text, each row's change relative to the first row."""
+    _, oracle0, test0 = rows[0]
+    lines = [f"{'temperature':>11} {'nll_oracle':>10} {'nll_test':>10} {'change':>20}"]
+    for temperature, oracle, test in rows:
+        change = f"{100 * (oracle / oracle0 - 1):+.2f}% / {100 * (test / test0 - 1):+.2f}%"
+        lines.append(f"{temperature:11.2f} {oracle:10.4f} {test:10.4f} {change:>20}")
+    return "\n".join(lines)
+
+
+#: NLL_oracle at length 20 on the SeqGAN oracle (SeqGAN paper, Table 1)
+PUBLISHED_NLL_ORACLE = {"stage 1": ("MLE", 9.038), "stage 2": ("SeqGAN", 8.736)}
+METRICS = ("nll_oracle", "nll_test", "d_accuracy")
+
+
+def oracle_table(result: StageResult, published: bool) -> str:
+    """The metric table of an oracle_text pipeline: stage 1's pair (the eval of the
+    discriminator's run, whose generator is the stage-1 one) against stage 2's final eval,
+    with the relative change and, on the SeqGAN oracle, the published values."""
+    rows = {"stage 1": result.metrics.get("stage 1 discriminator", {}), "stage 2": result.metrics.get("stage 2", {})}
+    header = f"{'':10}" + "".join(f"{m:>12}" for m in METRICS)
+    if published:
+        header += f"{'published nll_oracle':>26}"
+    lines = [header]
+    for name, values in rows.items():
+        line = f"{name:10}" + "".join(f"{values[m]:12.4f}" if m in values else f"{'-':>12}" for m in METRICS)
+        if published:
+            label, value = PUBLISHED_NLL_ORACLE[name]
+            line += f"{f'{label} {value}':>26}"
+        lines.append(line)
+    if all(m in rows["stage 1"] and m in rows["stage 2"] for m in ("nll_oracle", "nll_test")):
+        change = relative_change(result)
+        lines.append(f"{'change':10}" + "".join(f"{100 * change[m]:+11.2f}%" for m in ("nll_oracle", "nll_test")))
+    return "\n".join(lines)
+
+
+def relative_change(result: StageResult) -> dict[str, float]:
+    """Stage 2's nll_oracle and nll_test relative to stage 1's (-0.03: 3% lower)."""
+    first, second = result.metrics["stage 1 discriminator"], result.metrics["stage 2"]
+    return {m: (second[m] - first[m]) / first[m] for m in ("nll_oracle", "nll_test")}
+
+
+def benchmark_goal(result: StageResult) -> tuple[bool, str]:
+    """Whether stage 2 lowered nll_oracle by at least 3% relative to stage 1 while nll_test rose
+    by at most 5%, and a line saying so."""
+    change = relative_change(result)
+    oracle, test = change["nll_oracle"], change["nll_test"]
+    met = oracle <= -0.03 and test <= 0.05
+    return met, (
+        f"goal {'met' if met else 'not met'}: nll_oracle {100 * oracle:+.2f}% (goal <= -3%), "
+        f"nll_test {100 * test:+.2f}% (goal <= +5%)"
+    )
