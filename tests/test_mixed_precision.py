@@ -21,8 +21,8 @@ def step_two_generator(tmp_path, inject: bool):
     trainer = Trainer(load_config(config), device="cpu", scaler=torch.amp.GradScaler("cpu", init_scale=2.0**16))
     with trainer.start():
         scaler = trainer.accelerator.scaler
-        trainer.discriminator_phase()
-        trainer.generator_phase()
+        trainer.run_phase(trainer.d)
+        trainer.run_phase(trainer.g)
         d_before = {k: v.clone() for k, v in trainer.d.model.state_dict().items()}
         scale_before = scaler.get_scale()
         if inject:
@@ -31,16 +31,16 @@ def step_two_generator(tmp_path, inject: bool):
             for group in trainer.d.optimizer.param_groups:
                 group["lr"] = 0.0
         try:
-            trainer.discriminator_phase()
+            trainer.run_phase(trainer.d)
         finally:
             Overflow.armed = False
         facts = {
-            "skipped_d": trainer.state.skipped_d,
+            "skipped_d": trainer.d.skipped,
             "scale_ratio": scaler.get_scale() / scale_before,
             "d_unchanged": all(torch.equal(v, d_before[k]) for k, v in trainer.d.model.state_dict().items()),
         }
-        trainer.generator_phase()
-        facts["skipped_g"] = trainer.state.skipped_g
+        trainer.run_phase(trainer.g)
+        facts["skipped_g"] = trainer.g.skipped
         return {k: v.clone() for k, v in trainer.g.model.state_dict().items()}, facts
 
 

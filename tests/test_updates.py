@@ -146,11 +146,11 @@ def test_logged_gradient_norms_are_those_of_the_log_step(tmp_path):
 def test_generator_phase_leaves_discriminator_untouched(tmp_path):
     config = write_reference_run(tmp_path, 2, task="fixture_tasks:FixedNoiseMixture")
     with Trainer(load_config(config), device="cpu").start() as trainer:
-        trainer.discriminator_phase()
+        trainer.run_phase(trainer.d)
         g_before = {k: v.clone() for k, v in trainer.g.model.state_dict().items()}
         # The first step of the linear warm-up has learning rate 0; the second moves G.
         for _ in range(2):
-            trainer.generator_phase()
+            trainer.run_phase(trainer.g)
         # Only D's optimizer could change D's weights; what the G phase could do wrong is leave
         # gradients in D, which its next step would apply.
         assert all(p.grad is None for p in trainer.d.model.parameters())

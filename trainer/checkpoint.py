@@ -16,6 +16,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 from accelerate import Accelerator
@@ -36,21 +37,63 @@ logger = get_logger("trainer")
 
 @dataclass
 class TrainState:
-    """Counters of a run; identical on every rank by construction."""
+    """The run's own counters; identical on every rank by construction."""
 
     step: int = 0
-    d_steps: int = 0
-    g_steps: int = 0
-    epoch: int = 0
-    position: int = 0
-    skipped_d: int = 0
-    skipped_g: int = 0
-    consecutive_skips_d: int = 0
-    consecutive_skips_g: int = 0
     best_value: float | None = None
     best_step: int | None = None
     #: names the run that wrote a checkpoint: pruning removes only this run's checkpoints
     run_id: str = ""
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, record: dict[str, Any]) -> None:
+        for name in ("step", "best_value", "best_step", "run_id"):
+            setattr(self, name, record[name])
+
+
+class Stateful(Protocol):
+    """A part of a run whose state a checkpoint's record holds (JSON values, one flat mapping
+    shared by every part, so each part's names must be its own)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, record: dict[str, Any]) -> None: ...
+
+
+class Checkpoints:
+    """Saves and loads a run's whole state: accelerate's (models, optimizers, schedulers,
+    GradScaler, RNGs), the record of ``parts`` (``trainer_state.json``) and each rank's
+    ``noise`` generator; keeps the newest ``keep`` of this run's checkpoints."""
+
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        output_dir: Path,
+        parts: list[Stateful],
+        noise: torch.Generator,
+        keep: int,
+        shape: dict[str, int],
+    ) -> None:
+        self.accelerator, self.output_dir, self.parts = accelerator, output_dir, parts
+        self.noise, self.keep, self.shape = noise, keep, shape
+
+    def save(self) -> Path:
+        """Write ``checkpoints/step-NNNNNNN`` (every rank takes part); its path."""
+        record = {name: value for part in self.parts for name, value in part.state_dict().items()}
+        rank_state = {"noise": self.noise.get_state()}
+        return save_checkpoint(self.accelerator, self.output_dir, record, rank_state, self.keep, self.shape)
+
+    def load(self, path: Path) -> None:
+        """Restore every part from the checkpoint at ``path`` (every rank takes part)."""
+        record, rank_state = load_checkpoint(self.accelerator, path, self.shape)
+        try:
+            for part in self.parts:
+                part.load_state_dict(record)
+        except KeyError as exc:
+            raise CheckpointError(f"{path}: cannot resume from this checkpoint: {STATE_NAME} has no {exc}") from None
+        self.noise.set_state(rank_state["noise"])
 
 
 #: what a checkpoint's run must share with the run that resumes it: accelerate's accumulation
@@ -250,19 +293,20 @@ def without_shared_tensor_notice() -> Iterator[None]:
 def save_checkpoint(
     accelerator: Accelerator,
     output_dir: Path,
-    state: TrainState,
+    record: dict[str, Any],
     rank_state: dict[str, torch.Tensor],
     keep: int,
     shape: dict[str, int],
 ) -> Path:
-    """Write the full training state to ``checkpoints/step-NNNNNNN`` on every rank.
+    """Write the full training state to ``checkpoints/step-NNNNNNN`` on every rank: ``record``
+    (its ``step`` names the directory, its ``run_id`` the run) and each rank's ``rank_state``.
 
     Everything is written under a temporary name; after every rank has finished, the main
     process renames it, so a checkpoint directory with its final name is always complete.
     """
     root = output_dir / "checkpoints"
-    final = root / f"step-{state.step:07d}"
-    partial = root / f".partial-step-{state.step:07d}"
+    final = root / f"step-{record['step']:07d}"
+    partial = root / f".partial-step-{record['step']:07d}"
     if accelerator.is_main_process:
         shutil.rmtree(partial, ignore_errors=True)
     HEARTBEAT.collective_entered("barrier before the checkpoint write")
@@ -271,7 +315,7 @@ def save_checkpoint(
         accelerator.save_state(str(partial))
     save_file(rank_state, str(partial / f"rank_state_{accelerator.process_index}.safetensors"))
     if accelerator.is_main_process:
-        (partial / STATE_NAME).write_text(json.dumps({**asdict(state), "shape": shape}, indent=1))
+        (partial / STATE_NAME).write_text(json.dumps({**record, "shape": shape}, indent=1))
     HEARTBEAT.collective_entered("barrier after the checkpoint write")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
@@ -280,7 +324,7 @@ def save_checkpoint(
             shutil.rmtree(final)
         partial.rename(final)
         fsync_path(root)
-        for old in stale_checkpoints(output_dir, state.run_id, keep, final):
+        for old in stale_checkpoints(output_dir, record["run_id"], keep, final):
             shutil.rmtree(old, ignore_errors=True)
     # Every rank leaves once the checkpoint has its final name (the callers' long-work bound
     # covers the wait for the main process's rename and pruning).
@@ -291,20 +335,19 @@ def save_checkpoint(
 
 def load_checkpoint(
     accelerator: Accelerator, path: Path, shape: dict[str, int]
-) -> tuple[TrainState, dict[str, torch.Tensor]]:
-    """Restore the state ``save_checkpoint`` wrote, for a run of this ``shape``; returns the
-    counters and this rank's state."""
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Restore accelerate's state ``save_checkpoint`` wrote, for a run of this ``shape``;
+    returns the record and this rank's state."""
     try:
-        recorded = json.loads((path / STATE_NAME).read_text())
-        check_shape(path, recorded.pop("shape", None), shape)
-        state = TrainState(**recorded)
+        record = json.loads((path / STATE_NAME).read_text())
+        check_shape(path, record.pop("shape", None), shape)
         accelerator.load_state(str(path))
         rank_file = path / f"rank_state_{accelerator.process_index}.safetensors"
         if not rank_file.is_file():
             raise CheckpointError(
                 f"{path}: no state for rank {accelerator.process_index}; it was written by a run with fewer processes"
             )
-        return state, load_file(str(rank_file), device="cpu")
+        return record, load_file(str(rank_file), device="cpu")
     except CheckpointError:
         raise
     except Exception as exc:

@@ -7,7 +7,6 @@ the run with one line naming the file and the key.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_origin
@@ -15,7 +14,8 @@ from typing import Any, Literal, get_origin
 import yaml
 
 from trainer.errors import ConfigError
-from trainer.schema import field_type, from_mapping, read_yaml, suggestion, to_mapping
+from trainer.model_configs import GENERATOR_BODY, read_model_config
+from trainer.schema import field_type, from_mapping, read_yaml, suggestion
 
 LOSSES = ("non_saturating", "hinge", "least_squares", "wasserstein")
 
@@ -378,67 +378,3 @@ def load_config(
         generator_source=cfg.model.generator_config,
         discriminator_source=cfg.model.discriminator_config,
     )
-
-
-#: ``model.discriminator_config``: the generator's architecture and weights, with a new head
-GENERATOR_BODY = "generator"
-
-
-def is_model_source(path: str | Path) -> bool:
-    """Whether a model config names a model to load (a ``save_pretrained`` directory or a model
-    id) rather than a YAML of config fields for a fresh model."""
-    return Path(path).is_dir() or not (Path(path).suffix in (".yaml", ".yml", ".json") or Path(path).exists())
-
-
-def read_model_config(path: str | Path, role: str) -> dict[str, Any]:
-    """A model config: a YAML file, a ``save_pretrained`` directory (its config.json), or a
-    model id (its config, from the Hub or the local cache of downloads)."""
-    if is_model_source(path) and not Path(path).is_dir():
-        return hub_model_config(str(path), role)
-    path = Path(path)
-    if path.is_dir():
-        file = path / "config.json"
-        if not file.is_file():
-            raise ConfigError(f"{path}: a directory without config.json is not a {role} model config")
-        try:
-            return json.loads(file.read_text())
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{file}: not valid JSON: {exc}") from None
-    return read_yaml(path, f"{role} model config")
-
-
-def hub_model_config(model_id: str, role: str) -> dict[str, Any]:
-    """The config of a model id, as ``from_pretrained`` would fetch it; one line when the id is
-    neither a local directory nor reachable (offline, or no such model)."""
-    from transformers import AutoConfig
-
-    try:
-        return AutoConfig.from_pretrained(model_id).to_dict()
-    except (OSError, ValueError) as exc:
-        first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-        raise ConfigError(
-            f"{model_id}: the {role} model config is neither a file, a local directory nor a model id "
-            f"that could be fetched ({first[:200]})"
-        ) from None
-
-
-def write_resolved(run: RunConfig, output_dir: Path) -> None:
-    """Write ``config.yaml`` and copies of both model configs, so the directory can be rerun."""
-    output_dir.mkdir(parents=True, exist_ok=True)
-    dump = {"sort_keys": False, "default_flow_style": False}
-    sources = {}
-    for role, fields, source in (
-        ("generator", run.generator, run.generator_source),
-        ("discriminator", run.discriminator, run.discriminator_source),
-    ):
-        # A model to load (a directory or an id) stays named as it was: its weights come with it.
-        if is_model_source(source):
-            sources[role] = source
-            continue
-        sources[role] = str(output_dir / f"{role}.yaml")
-        (output_dir / f"{role}.yaml").write_text(yaml.safe_dump(fields, **dump))
-    model = dataclasses.replace(
-        run.config.model, generator_config=sources["generator"], discriminator_config=sources["discriminator"]
-    )
-    cfg = dataclasses.replace(run.config, model=model)
-    (output_dir / "config.yaml").write_text(yaml.safe_dump(to_mapping(cfg), **dump))

@@ -10,15 +10,18 @@ from __future__ import annotations
 import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
 from trainer import losses
-from trainer.config import RunConfig
+from trainer.config import RunConfig, TrainingSection
 from trainer.errors import ConfigError
 from trainer.schema import from_mapping
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
 
 
 @dataclass
@@ -36,6 +39,22 @@ class Penalties:
     #: penalties' input gradients are taken from scaled scores and unscaled (see
     #: ``losses.input_gradients``)
     grad_scale: float | torch.Tensor = 1.0
+
+    @classmethod
+    def of_step(cls, training: TrainingSection, d_steps: int, accelerator: Accelerator) -> Penalties:
+        """The penalties of the D step after ``d_steps`` steps (lazy R1: every
+        ``r1_interval``-th, weighted by the interval)."""
+        t = training
+        lazy_r1 = t.r1_weight > 0 and d_steps % t.r1_interval == 0
+        penalties = cls(
+            gradient_penalty=t.gp_weight if t.loss == "wasserstein" else 0.0,
+            r1=t.r1_weight * t.r1_interval if lazy_r1 else 0.0,
+        )
+        scaler = accelerator.scaler
+        if scaler is not None and (penalties.gradient_penalty > 0 or penalties.r1 > 0):
+            # The scale as a tensor on the device: get_scale() would sync the GPU every D step.
+            penalties.grad_scale = scaler.scale(torch.ones((), device=accelerator.device))
+        return penalties
 
 
 class Task:

@@ -34,8 +34,9 @@ from transformers import (
     PretrainedConfig,
 )
 
-from trainer.config import as_list, is_model_source
+from trainer.config import as_list
 from trainer.errors import ConfigError, DataError
+from trainer.model_configs import is_model_source
 from trainer.tasks.oracle_text import cache_root
 from trainer.tasks.sequence_gan import SequenceGanOptions, SequenceGanTask
 from trainer.tasks.transformers_models import build_config

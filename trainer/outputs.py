@@ -1,0 +1,143 @@
+"""What a run writes while it trains, as methods of :class:`trainer.loop.Trainer`: the train
+record of each log step, the eval (and ``best/`` when it improves), checkpoints and the
+``best/``/``final/`` exports. Every rank calls each of them at the same step; the main
+process writes."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.logging import get_logger
+
+from trainer import checkpoint, runtime, setup
+from trainer.checkpoint import Checkpoints, TrainState
+from trainer.config import Config
+from trainer.errors import DataError
+from trainer.evaluation import evaluate
+from trainer.metrics import MetricsLog
+from trainer.phases import Phase
+from trainer.tasks import Task
+from trainer.watchdog import HEARTBEAT
+
+logger = get_logger("trainer")
+
+
+class RunOutputs:
+    """The log, eval, checkpoint and export steps of a Trainer (a mixin: the run it writes is
+    the Trainer's)."""
+
+    accelerator: Accelerator
+    config: Config
+    task: Task
+    output_dir: Path
+    d: Phase
+    g: Phase
+    state: TrainState
+    metrics: MetricsLog
+    checkpoints: Checkpoints
+    eval_loader: Any
+    progress_lines: bool
+    _window_start: float
+    _window_step: int
+
+    @contextlib.contextmanager
+    def _outside_throughput(self) -> Iterator[None]:
+        """Time spent inside does not count in the logged steps/s (evals, checkpoints)."""
+        paused = time.monotonic()
+        try:
+            yield
+        finally:
+            self._window_start += time.monotonic() - paused
+
+    def logs_at(self, step: int) -> bool:
+        """Whether step ``step`` (counted from 1) ends with a train log: a function of the step
+        alone, the same on every rank (the log all-reduces the losses)."""
+        return step % self.config.training.log_every == 0
+
+    def log(self) -> None:
+        """The train record of the steps since the last one: mean losses, averaged over ranks
+        (one reduce), and steps/s over the training time (evals and checkpoints excluded).
+        Every rank calls it at the same step. ``grad_norm_*`` are the norms of the last step,
+        before clipping (computed at that step only when no clipping needs them at every step).
+        """
+        acc, t = self.accelerator, self.config.training
+        steps, elapsed = self.state.step - self._window_step, time.monotonic() - self._window_start
+        self._window_start, self._window_step = time.monotonic(), self.state.step
+        window = {name: mean for phase in (self.d, self.g) for name, mean in phase.window_means().items()}
+        names = list(window)
+        runtime.check_same_on_every_rank(
+            acc,
+            ", ".join(names),
+            f"{type(self.task).__name__} returns different loss parts",
+            "discriminator_loss and generator_loss must return the same keys on every rank "
+            "(they are averaged across ranks)",
+        )
+        means = torch.stack(list(window.values()))
+        if acc.num_processes > 1:
+            HEARTBEAT.collective_entered("all_reduce (train losses for the log)")
+            means = acc.reduce(means, reduction="mean")
+        values: dict[str, Any] = dict(zip(names, means.tolist(), strict=True))
+        # real samples drawn per step: by each D phase, and by the G phase when it takes data
+        d_phases = 0 if t.objective == "mle" else t.d_steps_per_g_step
+        g_data = t.objective != "discriminator" and self.g.needs_data
+        samples = steps * (d_phases + g_data) * t.gradient_accumulation_steps * t.batch_size * acc.num_processes
+        values.update(**self.d.log_values(), **self.g.log_values())
+        values.update(
+            samples_per_s=samples / elapsed if elapsed > 0 else None,
+            steps_per_s=steps / elapsed if elapsed > 0 else None,
+            peak_memory_mb=runtime.peak_memory_mb(acc.device),
+        )
+        self.metrics.write("train", self.state.step, values)
+        if self.progress_lines:  # no progress bar: one line per log step instead
+            losses = " ".join(f"{name} {values[name]:.4g}" for name in names)
+            rate = f", {values['steps_per_s']:.2f} steps/s" if values["steps_per_s"] else ""
+            logger.info(f"step {self.state.step}/{t.max_steps}: {losses}{rate}")
+
+    def run_eval(self) -> dict[str, Any]:
+        """Score the eval set on every rank, write the eval record (the main process: samples,
+        plots) and, when ``training.best_metric`` improves, export ``best/``; the metrics."""
+        acc, t, state = self.accelerator, self.config.training, self.state
+        with self._outside_throughput():
+            metrics, outputs = evaluate(acc, self.task, self.g.model, self.d.model, self.eval_loader)
+            self.metrics.write("eval", state.step, metrics)
+            # The others wait for the main process's plots and samples here, named and with the
+            # long-work bound, rather than in the next step's all-reduce with the short one.
+            with HEARTBEAT.long_work("waiting for the main process's on_eval"):
+                if acc.is_main_process:
+                    self.task.on_eval(state.step, outputs, self.output_dir, acc.trackers)
+                HEARTBEAT.collective_entered("barrier after on_eval")
+                acc.wait_for_everyone()
+            if t.best_metric:
+                value = metrics.get(t.best_metric)
+                if value is None:
+                    raise DataError(
+                        f"training.best_metric: the eval has no metric {t.best_metric!r}; it has {sorted(metrics)}"
+                    )
+                if setup.improves(value, state.best_value, t.best_mode):
+                    state.best_value, state.best_step = float(value), state.step
+                    self.export("best")
+            logger.info(f"eval at step {state.step}: {metrics}")
+            return metrics
+
+    def export(self, name: str) -> None:
+        """Write both models to ``OUTPUT/<name>/`` (the main process; every rank waits)."""
+        # The other ranks wait here for the main process's writes, with the long-work bound.
+        with HEARTBEAT.long_work(f"writing {name}/ (main process)"):
+            for phase in (self.g, self.d):
+                extras = functools.partial(self.task.save_with, phase.role)
+                checkpoint.export_model(self.accelerator, phase.model, self.output_dir / name / phase.role, extras)
+            HEARTBEAT.collective_entered(f"barrier after writing {name}/")
+            self.accelerator.wait_for_everyone()
+
+    def save(self) -> None:
+        """Write a checkpoint of the whole run (every rank takes part)."""
+        with self._outside_throughput(), HEARTBEAT.long_work("checkpoint write"):
+            path = self.checkpoints.save()
+        logger.info(f"saved {path}")

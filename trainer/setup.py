@@ -1,0 +1,159 @@
+"""The pieces :meth:`trainer.loop.Trainer.start` builds a run from, each on this rank: the
+output directory claimed, the models (fresh or from ``init.*``), the data loaders, the
+optimizers and schedulers. None of them runs a collective except where it says so."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from accelerate import Accelerator
+from torch import nn
+from transformers import get_scheduler
+
+from trainer import checkpoint, runtime
+from trainer.config import Config, InitSection, OptimizerSection, RunConfig
+from trainer.errors import CheckpointError
+from trainer.model_configs import is_model_source
+from trainer.phases import build_optimizer
+from trainer.schema import to_mapping
+from trainer.tasks import Task
+
+
+def claim_run(accelerator: Accelerator, run: RunConfig, fresh: bool, overwrite: bool) -> str:
+    """A training run's output directory made this run's (collectives on every rank): claimed
+    when ``fresh`` (the main process's view of it decides, for every rank), checked to be the
+    same directory on every rank, the resolved config written. Returns the run id, rank 0's:
+    a fresh run's is new, a resume takes the checkpoint's."""
+    output_dir = Path(run.config.output_dir)
+    if fresh:
+        runtime.on_main_process(
+            accelerator, "claiming the output directory", lambda: checkpoint.claim_output_dir(output_dir, overwrite)
+        )
+    run_id = runtime.from_main_process(accelerator, uuid.uuid4().hex, "the run id")
+    runtime.check_shared_output_dir(accelerator, output_dir, run_id)
+    if accelerator.is_main_process:
+        write_resolved(run, output_dir)
+    return run_id
+
+
+def write_resolved(run: RunConfig, output_dir: Path) -> None:
+    """Write ``config.yaml`` and copies of both model configs, so the directory can be rerun."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    dump = {"sort_keys": False, "default_flow_style": False}
+    sources = {}
+    for role, fields, source in (
+        ("generator", run.generator, run.generator_source),
+        ("discriminator", run.discriminator, run.discriminator_source),
+    ):
+        # A model to load (a directory or an id) stays named as it was: its weights come with it.
+        if is_model_source(source):
+            sources[role] = source
+            continue
+        sources[role] = str(output_dir / f"{role}.yaml")
+        (output_dir / f"{role}.yaml").write_text(yaml.safe_dump(fields, **dump))
+    model = dataclasses.replace(
+        run.config.model, generator_config=sources["generator"], discriminator_config=sources["discriminator"]
+    )
+    cfg = dataclasses.replace(run.config, model=model)
+    (output_dir / "config.yaml").write_text(yaml.safe_dump(to_mapping(cfg), **dump))
+
+
+def load_model(task: Task, init: str, role: str, build: Callable[[], nn.Module]) -> nn.Module:
+    """``role``'s model: loaded from ``init`` (a pretrained directory the task reads, or a
+    weights file into the model the task builds), or freshly built when ``init`` is empty."""
+    if init:
+        pretrained = task.load_pretrained(role, Path(init))
+        if pretrained is not None:
+            return pretrained
+    model = build()
+    if init:
+        checkpoint.load_weights(model, init, role)
+    return model
+
+
+def read_inputs(task: Task, init: InitSection) -> tuple[nn.Module, nn.Module, Any, Any]:
+    """The generator, the discriminator, the train set and the eval set."""
+    generator = load_model(task, init.generator, "generator", task.build_generator)
+    discriminator = load_model(task, init.discriminator, "discriminator", task.build_discriminator)
+    return generator, discriminator, task.train_dataset(), task.eval_dataset()
+
+
+def loaders(task: Task, cfg: Config, train_set: Any, eval_set: Any) -> tuple[Any, Any]:
+    """The train and eval DataLoaders (not yet prepared).
+
+    Each loader draws its iterators' base seed from a generator of its own, not from torch's
+    global one: a resumed run starts its iterator mid-epoch, and a draw there would shift every
+    global draw after it (dropout masks), and an eval would shift training's."""
+    t = cfg.training
+    train = torch.utils.data.DataLoader(
+        train_set,
+        batch_size=t.batch_size,
+        shuffle=True,
+        drop_last=True,
+        collate_fn=task.collate,
+        num_workers=t.num_workers,
+        generator=torch.Generator().manual_seed(t.seed),
+    )
+    evaluation = torch.utils.data.DataLoader(
+        eval_set,
+        batch_size=cfg.eval.batch_size,
+        shuffle=False,
+        collate_fn=task.collate,
+        generator=torch.Generator().manual_seed(t.seed),
+    )
+    return train, evaluation
+
+
+def optimization(section: OptimizerSection, model: nn.Module, steps: int) -> tuple[torch.optim.Optimizer, Any]:
+    """The optimizer of one model and its learning-rate schedule over ``steps`` optimizer steps."""
+    optimizer = build_optimizer(section, model)
+    scheduler = get_scheduler(
+        section.scheduler, optimizer, num_warmup_steps=section.warmup_steps, num_training_steps=steps
+    )
+    return optimizer, scheduler
+
+
+def weights_kind(path: Path) -> str:
+    """``checkpoint`` (a checkpoints/step-N directory) or ``weights`` (generator/ and
+    discriminator/ inside, like best/ and final/); anything else is a CheckpointError."""
+    if (path / checkpoint.STATE_NAME).is_file():
+        return "checkpoint"
+    if (path / "generator").is_dir() and (path / "discriminator").is_dir():
+        return "weights"
+    raise CheckpointError(
+        f"{path}: neither a checkpoint (no {checkpoint.STATE_NAME}) nor a weights directory "
+        "with generator/ and discriminator/"
+    )
+
+
+def evaluation_source(accelerator: Accelerator, config: Config, source: Path) -> tuple[Config, str | None]:
+    """What :meth:`Trainer.evaluate` scores: the config whose ``init.*`` name a weights
+    directory's models, or the checkpoint to load. Rank 0 decides what ``source`` is (it
+    decides which collectives the set-up runs), for every rank."""
+    kind = runtime.agreed(accelerator, "finding the weights", lambda: weights_kind(source))
+    kind = runtime.from_main_process(accelerator, kind, "the kind of weights to evaluate")
+    if kind == "checkpoint":
+        return config, str(source)
+    # a copy: the caller's config keeps its own init paths
+    init = InitSection(str(source / "generator"), str(source / "discriminator"))
+    return dataclasses.replace(config, init=init), None
+
+
+def improves(value: float, best: float | None, mode: str) -> bool:
+    """Whether an eval's ``value`` beats the best so far (``mode``: min or max); a non-finite
+    value never does, or every later comparison with it would be false."""
+    if not math.isfinite(value):
+        return False
+    return best is None or (value < best if mode == "min" else value > best)
+
+
+def noise_seed(seed: int, rank: int) -> int:
+    """Each rank draws its own noise, reproducibly."""
+    return seed * 1_000_003 + 7919 * (rank + 1)
