@@ -262,7 +262,9 @@ class TextTask(SequenceGanTask):
     def _finish(self, model: nn.Module) -> nn.Module:
         model.config.pad_token_id = self.pad_id
         if self.config.model.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+            # transformers 5.25 renamed it (the old name warns); the floor, 4.45, has the old only
+            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+            enable()
         return model.to(getattr(torch, self.config.model.dtype))
 
     def build_generator(self) -> nn.Module:
