@@ -97,8 +97,8 @@ def plain_alone(steps: int, device_name: str, result: Path) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from trainer.runtime import peak_memory_mb
     from trainer.tasks.gaussian_mixture import mlp, sample_mixture
+    from trainer.world import peak_memory_mb
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -131,7 +131,7 @@ def paired(rounds: int, block: int, device: str, result: Path) -> None:
     """Alternating blocks of the plain loop and of the trainer's step loop, in this process."""
     import torch
 
-    from trainer import runtime
+    from trainer import world
     from trainer.config import load_config
     from trainer.loop import Trainer
 
@@ -165,7 +165,7 @@ def paired(rounds: int, block: int, device: str, result: Path) -> None:
         is_main, steps = acc.is_main_process, {"plain": plain.done, "trainer": trainer.state.step}
     if is_main:
         result.write_text(json.dumps({"blocks": blocks, "steps": steps}))
-    runtime.end_process_group()
+    world.end_process_group()
 
 
 def launch(processes: int, script: Path, args: list[str], launcher: str = "accelerate") -> None:

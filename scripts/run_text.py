@@ -83,8 +83,8 @@ def table(per_seed: list[dict[str, dict[str, float]]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     configure_logging()
-    from trainer.runtime import end_process_group
     from trainer.text_example import write_text_example
+    from trainer.world import end_process_group
 
     out = Path(args.output_dir)
     example = out / "text_example"

@@ -56,3 +56,22 @@ def test_launch_runs_a_config_in_two_processes(tmp_path):
     # The kernel is left clean: a one-process fit runs after it.
     Trainer(load_config(config, {"output_dir": str(tmp_path / "after")}), device="cpu").fit()
     assert {r["world_size"] for r in records(tmp_path / "after")} == {1}
+
+
+def test_accelerates_private_reset_still_forgets_its_singletons():
+    # trainer.world.reset_accelerate_state is the one call of accelerate's private
+    # _reset_state, which a later run in the same process (a notebook) relies on
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    from trainer.world import reset_accelerate_state
+
+    Accelerator(cpu=True)
+    assert AcceleratorState._shared_state and GradientState._shared_state and PartialState._shared_state
+    reset_accelerate_state(partial=False)
+    assert not AcceleratorState._shared_state and not GradientState._shared_state
+    assert PartialState._shared_state  # the per-process state stays unless asked
+    reset_accelerate_state(partial=True)
+    assert not PartialState._shared_state
+    Accelerator(cpu=True)  # and a new one builds after it
+    reset_accelerate_state(partial=True)

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from trainer.config import load_config
 from trainer.errors import UserError
-from trainer.runtime import check_supported, check_world
+from trainer.world import check_supported, check_world
 
 
 @pytest.mark.timeout(300)

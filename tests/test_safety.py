@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 
 from trainer.checkpoint import read_legacy_state_dict
 from trainer.errors import CheckpointError
-from trainer.runtime import shared_devices
 from trainer.tasks.gaussian_mixture import mlp
+from trainer.world import shared_devices
 
 CONVERT = ROOT / "scripts" / "convert_checkpoint.py"
 DOCTOR = ROOT / "scripts" / "doctor.py"

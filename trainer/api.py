@@ -22,7 +22,7 @@ from typing import Any
 from trainer.config import RunConfig, load_config
 from trainer.errors import UserError
 from trainer.loop import Trainer
-from trainer.runtime import end_process_group, release_accelerator
+from trainer.world import end_process_group, release_accelerator
 
 
 def _fit_in_each_process(run: RunConfig, device: str, resume: str | None, overwrite: bool) -> None:

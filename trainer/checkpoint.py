@@ -25,9 +25,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from trainer import collectives
 from trainer.config import Config
 from trainer.errors import CheckpointError
-from trainer.watchdog import HEARTBEAT
 
 CHECKPOINT_PATTERN = re.compile(r"^step-(\d{7,})$")
 WEIGHTS_NAME = "model.safetensors"
@@ -309,15 +309,13 @@ def save_checkpoint(
     partial = root / f".partial-step-{record['step']:07d}"
     if accelerator.is_main_process:
         shutil.rmtree(partial, ignore_errors=True)
-    HEARTBEAT.collective_entered("barrier before the checkpoint write")
-    accelerator.wait_for_everyone()
+    collectives.barrier(accelerator, "before the checkpoint write")
     with without_shared_tensor_notice():
         accelerator.save_state(str(partial))
     save_file(rank_state, str(partial / f"rank_state_{accelerator.process_index}.safetensors"))
     if accelerator.is_main_process:
         (partial / STATE_NAME).write_text(json.dumps({**record, "shape": shape}, indent=1))
-    HEARTBEAT.collective_entered("barrier after the checkpoint write")
-    accelerator.wait_for_everyone()
+    collectives.barrier(accelerator, "after the checkpoint write")
     if accelerator.is_main_process:
         fsync_tree(partial)  # every rank's files, before the rename makes them the checkpoint
         if final.exists():
@@ -328,8 +326,7 @@ def save_checkpoint(
             shutil.rmtree(old, ignore_errors=True)
     # Every rank leaves once the checkpoint has its final name (the callers' long-work bound
     # covers the wait for the main process's rename and pruning).
-    HEARTBEAT.collective_entered("barrier after the checkpoint rename")
-    accelerator.wait_for_everyone()
+    collectives.barrier(accelerator, "after the checkpoint rename")
     return final
 
 

@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None, stage: int = 2) -> int:
     try:
         return run_stage(args, stage)
     finally:
-        from trainer.runtime import end_process_group
+        from trainer.world import end_process_group
 
         end_process_group()
 
@@ -151,10 +151,9 @@ def report(exc: UserError, rank: str) -> int:
     print_error_line(line)
     # Every rank fails here; wait until all have said why before the launcher, seeing the
     # first exit, ends the others.
-    import torch.distributed as dist
+    from trainer.collectives import process_group_barrier
 
-    if dist.is_initialized():
-        dist.barrier()
+    process_group_barrier("after every rank's error line")
     return exc.exit_code
 
 
@@ -227,7 +226,7 @@ def main_oracle(argv: Sequence[str] | None = None) -> int:
     configure_logging()
     rank = os.environ.get("RANK", "0")
     overrides = run_overrides(args)
-    from trainer.runtime import end_process_group
+    from trainer.world import end_process_group
 
     try:
         from trainer.stages import fit_pipeline

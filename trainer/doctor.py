@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from trainer.errors import UserError, print_error_line
@@ -38,18 +37,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"doctor (rank {rank}): FAILED", flush=True)
         return 1
     finally:
-        from trainer.runtime import end_process_group
+        from trainer.world import end_process_group
 
         end_process_group()
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
     import torch.distributed as dist
 
-    from trainer import runtime
+    from trainer import collectives, world
     from trainer.config import Config, load_config
-    from trainer.watchdog import HEARTBEAT, Watchdog
+    from trainer.watchdog import Watchdog
 
     config_problem = ""
     cfg = Config()
@@ -66,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
             config_problem = str(exc)
     output_dir = Path(args.output_dir or cfg.output_dir)
     cfg.distributed.timeout_s = args.timeout
-    accelerator = runtime.build_accelerator(cfg, args.device, None)
+    accelerator = world.build_accelerator(cfg, args.device, None)
     me = accelerator.process_index
     problems: list[str] = []
 
@@ -75,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
     def check(name: str, local_problem: str) -> None:
         """Agree on one check: every rank learns which ranks failed it."""
-        failed = runtime.ranks_with(accelerator, bool(local_problem), f"doctor: {name}")
+        failed = collectives.ranks_with(accelerator, bool(local_problem), f"doctor: {name}")
         if local_problem:
             say(f"{name}: FAILED: {local_problem}")
         if failed:
@@ -84,39 +82,24 @@ def run(args: argparse.Namespace) -> int:
             say(f"{name}: ok")
 
     with Watchdog(args.timeout, output_dir, me):
-        say(runtime.describe_rank(accelerator))
+        say(world.describe_rank(accelerator))
         say(
             f"world {accelerator.num_processes} ({accelerator.distributed_type.value}), backend "
             f"{dist.get_backend() if dist.is_initialized() else 'none'}"
         )
         check("configs parse", config_problem)
 
-        world = runtime.device_map(accelerator)
+        devices = world.device_map(accelerator)
         if accelerator.is_main_process:
-            for host, rank, identity, _ in world:
+            for host, rank, identity, _ in devices:
                 say(f"device map: rank {rank} on {host}: {identity}")
-        check("one device per rank", runtime.shared_devices(world))
-
-        device = accelerator.device
-        elements = int(args.size_mb * 2**20 / 4)
-        payload = torch.ones(elements, device=device)
-
-        def timed(name: str, action: Callable[[], object]) -> None:
-            HEARTBEAT.collective_entered(name)
-            start = time.perf_counter()
-            action()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            say(f"{name}: {1000 * (time.perf_counter() - start):.1f} ms")
+        check("one device per rank", world.shared_devices(devices))
 
         if accelerator.num_processes > 1:
-            timed(f"all_reduce {args.size_mb:g} MB", lambda: dist.all_reduce(payload))
-            expected = float(accelerator.num_processes)
-            bad_sum = "" if float(payload[0]) == expected else f"all_reduce gave {float(payload[0])}, not {expected}"
+            timings, bad_sum = collectives.timed_round(accelerator, args.size_mb)
+            for name, ms in timings:
+                say(f"{name}: {ms:.1f} ms")
             check("all_reduce result", bad_sum)
-            timed("all_gather", lambda: accelerator.gather(torch.tensor([me], device=device)))
-            timed("broadcast", lambda: dist.broadcast(torch.zeros(1, device=device), src=0))
-            timed("barrier", accelerator.wait_for_everyone)
 
         check("output directory writable", writable(output_dir, me))
     verdict = "OK" if not problems else "FAILED: " + "; ".join(problems)

@@ -13,7 +13,7 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from trainer import runtime
+from trainer import collectives
 from trainer.tasks.base import Task
 from trainer.watchdog import HEARTBEAT
 
@@ -59,27 +59,19 @@ def evaluate(
     bare_g.eval()
     bare_d.eval()
     chunks = []
-    HEARTBEAT.collective_entered("eval dataloader start (sampler RNG broadcast)")
     try:
-        for batch in dataloader:
+        for batch in collectives.start_iterator(dataloader, "eval"):
             HEARTBEAT.beat("eval")
             outputs = task.eval_outputs(bare_g, bare_d, batch)
             if not chunks:  # the keys, ranks and dtypes decide the collectives that follow
-                runtime.check_same_on_every_rank(
+                collectives.check_same_on_every_rank(
                     accelerator,
                     output_layout(outputs),
                     f"{type(task).__name__} returns different eval outputs",
                     "eval_outputs must return the same keys, each with the same number of "
                     "dimensions and dtype, on every rank (they are gathered across ranks)",
                 )
-            outputs = {
-                key: accelerator.pad_across_processes(value, dim=1, pad_index=task.eval_pad_value)
-                if value.dim() >= 2
-                else value
-                for key, value in outputs.items()
-            }
-            HEARTBEAT.collective_entered("pad_across_processes / gather_for_metrics (eval)")
-            gathered = accelerator.gather_for_metrics(outputs)
+            gathered = collectives.gather_outputs(accelerator, outputs, task.eval_pad_value)
             chunks.append({key: value.cpu() for key, value in gathered.items()})
     finally:
         bare_g.train()
@@ -87,4 +79,4 @@ def evaluate(
     outputs = concatenate(chunks, task.eval_pad_value)
     metrics: dict[str, Any] = dict(task.eval_metrics(outputs))
     metrics["num_samples"] = len(next(iter(outputs.values())))
-    return runtime.from_main_process(accelerator, metrics, "the eval metrics"), outputs
+    return collectives.from_main_process(accelerator, metrics, "the eval metrics"), outputs

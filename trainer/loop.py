@@ -22,7 +22,7 @@ from accelerate.utils import DistributedType, set_seed
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from trainer import checkpoint, peers, runtime, setup
+from trainer import checkpoint, collectives, peers, setup, world
 from trainer.checkpoint import Checkpoints, TrainState
 from trainer.config import RunConfig
 from trainer.errors import DataError, NonFiniteError
@@ -123,7 +123,7 @@ class Trainer(RunOutputs):
                 self._session.close()
                 self._session = None
         finally:
-            runtime.release_accelerator()
+            world.release_accelerator()
 
     def __enter__(self) -> Trainer:
         return self
@@ -133,7 +133,7 @@ class Trainer(RunOutputs):
 
     def _build_accelerator(self) -> None:
         self.trackers = resolve_trackers(self.config.training.log_with)
-        self.accelerator = runtime.build_accelerator(
+        self.accelerator = world.build_accelerator(
             self.config, self.device, str(self.output_dir), self.trackers, self.scaler
         )
         # Entered by start(); the rank is known only now.
@@ -148,14 +148,14 @@ class Trainer(RunOutputs):
         """Models, data, optimizers and state on every rank; with ``training`` off (eval only)
         nothing is written: no resolved config, metrics log or trackers."""
         cfg, t, acc, task = self.config, self.config.training, self.accelerator, self.task
-        logger.info(runtime.describe_rank(acc), main_process_only=False)
-        self.watchdog.peers = runtime.check_devices(acc)
+        logger.info(world.describe_rank(acc), main_process_only=False)
+        self.watchdog.peers = world.check_devices(acc)
         if t.mixed_precision == "fp16" and acc.device.type == "cpu" and acc.scaler is None:
             logger.warning("fp16 was requested but accelerate runs fp32 on the CPU (no autocast, no GradScaler)")
         set_seed(t.seed)
         run_id = setup.claim_run(acc, self.run, not self.resume, self.overwrite) if training else ""
         # The main process first: a task may build a data cache that the other ranks then read.
-        generator, discriminator, train_set, eval_set = runtime.main_process_first(
+        generator, discriminator, train_set, eval_set = collectives.main_process_first(
             acc, "reading the models and data", lambda: setup.read_inputs(task, cfg.init)
         )
         opt_g, sched_g = setup.optimization(cfg.optim.generator, generator, t.max_steps)
@@ -195,22 +195,21 @@ class Trainer(RunOutputs):
         self.metrics = MetricsLog(acc, self.output_dir, resumed_from)
         if self.trackers:
             acc.init_trackers(t.project_name, config=flat_hparams(cfg))
-        HEARTBEAT.collective_entered("barrier after start-up")
-        acc.wait_for_everyone()
+        collectives.barrier(acc, "after start-up")
 
     def _resume(self) -> int | None:
         """Load the checkpoint ``resume`` names, if there is one; the step it was taken at.
         Which checkpoint (or none) changes what every rank does next: rank 0's choice is taken
         by all, and a rank that cannot read it fails them all."""
         acc = self.accelerator
-        path = runtime.agreed(
+        path = collectives.agreed(
             acc, "finding the checkpoint", lambda: checkpoint.resolve_resume(self.resume, self.output_dir)
         )
-        path = runtime.from_main_process(acc, path, "the checkpoint to resume from")
+        path = collectives.from_main_process(acc, path, "the checkpoint to resume from")
         if path is None:
             logger.info(f"--resume {self.resume}: no checkpoint in {self.output_dir}; starting fresh")
             return None
-        runtime.agreed(acc, "loading the checkpoint", lambda: self.checkpoints.load(path))
+        collectives.agreed(acc, "loading the checkpoint", lambda: self.checkpoints.load(path))
         logger.info(f"resumed from {path} at step {self.state.step}")
         return self.state.step
 
@@ -238,9 +237,7 @@ class Trainer(RunOutputs):
                 batch = self.stream.next() if phase.needs_data else None
                 with self._micro_batch(phase):
                     loss, parts = phase.compute(batch)
-                    if self.accelerator.sync_gradients and self.accelerator.num_processes > 1:
-                        HEARTBEAT.collective_entered(f"DDP all-reduce of {phase.role} gradients (backward)")
-                    self.accelerator.backward(loss)
+                    collectives.backward(self.accelerator, loss, phase.role)
                 phase.record(loss, parts)
         self._finish_phase(phase)
 
@@ -270,7 +267,7 @@ class Trainer(RunOutputs):
         # Every rank is here at the same point (the decision is a function of all-reduced
         # gradients and agreed counters), so one gather may name the ranks that went wrong.
         local = not all(bool(torch.isfinite(loss)) for loss in phase.losses[-t.gradient_accumulation_steps :])
-        ranks = runtime.ranks_with(self.accelerator, local, "ranks with a non-finite loss")
+        ranks = collectives.ranks_with(self.accelerator, local, "ranks with a non-finite loss")
         where = f"non-finite loss on rank(s) {', '.join(map(str, ranks))}" if ranks else "no rank saw a non-finite loss"
         error = NonFiniteError(f"step {self.state.step + 1}: {reason}; {where}")
         error.agreed = True
@@ -284,7 +281,7 @@ class Trainer(RunOutputs):
         # The one agreement of the step: a stop asked on any rank by now stops every rank at
         # the end of this step. Its all-reduce runs while the step computes.
         time_up = t.max_time > 0 and time.monotonic() - self._started >= t.max_time
-        stop = runtime.AnyRank(self.accelerator, [time_up, self.signals.received is not None], "per-step agreement")
+        stop = collectives.AnyRank(self.accelerator, [time_up, self.signals.received is not None], "per-step agreement")
         # The first step may build caches, kernels and communicators: it gets a longer bound.
         with HEARTBEAT.long_work("first step") if self._steps_run == 0 else contextlib.nullcontext():
             if t.objective != "mle":
@@ -333,8 +330,7 @@ class Trainer(RunOutputs):
         bar.close()
         if not self.stopped:
             self.export("final")
-        HEARTBEAT.collective_entered("barrier at the end")
-        acc.wait_for_everyone()
+        collectives.barrier(acc, "at the end")
         if acc.is_main_process and acc.trackers:
             for tracker in acc.trackers:
                 tracker.finish()
@@ -378,4 +374,4 @@ class Trainer(RunOutputs):
                 metrics, _ = evaluate(self.accelerator, self.task, self.g.model, self.d.model, self.eval_loader)
             return metrics
         finally:
-            runtime.release_accelerator()
+            world.release_accelerator()

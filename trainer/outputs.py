@@ -16,7 +16,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 
-from trainer import checkpoint, runtime, setup
+from trainer import checkpoint, collectives, setup, world
 from trainer.checkpoint import Checkpoints, TrainState
 from trainer.config import Config
 from trainer.errors import DataError
@@ -72,17 +72,14 @@ class RunOutputs:
         self._window_start, self._window_step = time.monotonic(), self.state.step
         window = {name: mean for phase in (self.d, self.g) for name, mean in phase.window_means().items()}
         names = list(window)
-        runtime.check_same_on_every_rank(
+        collectives.check_same_on_every_rank(
             acc,
             ", ".join(names),
             f"{type(self.task).__name__} returns different loss parts",
             "discriminator_loss and generator_loss must return the same keys on every rank "
             "(they are averaged across ranks)",
         )
-        means = torch.stack(list(window.values()))
-        if acc.num_processes > 1:
-            HEARTBEAT.collective_entered("all_reduce (train losses for the log)")
-            means = acc.reduce(means, reduction="mean")
+        means = collectives.mean_over_ranks(acc, torch.stack(list(window.values())), "train losses for the log")
         values: dict[str, Any] = dict(zip(names, means.tolist(), strict=True))
         # real samples drawn per step: by each D phase, and by the G phase when it takes data
         d_phases = 0 if t.objective == "mle" else t.d_steps_per_g_step
@@ -92,7 +89,7 @@ class RunOutputs:
         values.update(
             samples_per_s=samples / elapsed if elapsed > 0 else None,
             steps_per_s=steps / elapsed if elapsed > 0 else None,
-            peak_memory_mb=runtime.peak_memory_mb(acc.device),
+            peak_memory_mb=world.peak_memory_mb(acc.device),
         )
         self.metrics.write("train", self.state.step, values)
         if self.progress_lines:  # no progress bar: one line per log step instead
@@ -112,8 +109,7 @@ class RunOutputs:
             with HEARTBEAT.long_work("waiting for the main process's on_eval"):
                 if acc.is_main_process:
                     self.task.on_eval(state.step, outputs, self.output_dir, acc.trackers)
-                HEARTBEAT.collective_entered("barrier after on_eval")
-                acc.wait_for_everyone()
+                collectives.barrier(acc, "after on_eval")
             if t.best_metric:
                 value = metrics.get(t.best_metric)
                 if value is None:
@@ -133,8 +129,7 @@ class RunOutputs:
             for phase in (self.g, self.d):
                 extras = functools.partial(self.task.save_with, phase.role)
                 checkpoint.export_model(self.accelerator, phase.model, self.output_dir / name / phase.role, extras)
-            HEARTBEAT.collective_entered(f"barrier after writing {name}/")
-            self.accelerator.wait_for_everyone()
+            collectives.barrier(self.accelerator, f"after writing {name}/")
 
     def save(self) -> None:
         """Write a checkpoint of the whole run (every rank takes part)."""

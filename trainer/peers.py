@@ -63,7 +63,7 @@ class PeerWatch:
     """The notice board of a launched job and the thread that watches it and the stop signals.
 
     Started on every rank once the process group exists; ended by :func:`close_watch` (from
-    ``runtime.end_process_group``) or the process's exit.
+    ``world.end_process_group``) or the process's exit.
     """
 
     def __init__(self, rank: int, world_size: int, stop_grace_s: float, timeout_s: float) -> None:

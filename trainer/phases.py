@@ -13,8 +13,8 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
+from trainer import collectives
 from trainer.config import OptimizerSection
-from trainer.watchdog import HEARTBEAT
 
 OPTIMIZERS = {
     "adam": torch.optim.Adam,
@@ -165,12 +165,11 @@ class BatchStream:
 
     def next(self) -> Any:
         if self.iterator is None:
-            HEARTBEAT.collective_entered("train dataloader start (sampler RNG broadcast)")
             self.dataloader.set_epoch(self.epoch)
             loader = self.dataloader
             if self.position:
                 loader = self.accelerator.skip_first_batches(self.dataloader, self.position)
-            self.iterator = iter(loader)
+            self.iterator = collectives.start_iterator(loader, "train")
         try:
             batch = next(self.iterator)
         except StopIteration:

@@ -17,7 +17,7 @@ from accelerate import Accelerator
 from torch import nn
 from transformers import get_scheduler
 
-from trainer import checkpoint, runtime
+from trainer import checkpoint, collectives
 from trainer.config import Config, InitSection, OptimizerSection, RunConfig
 from trainer.errors import CheckpointError
 from trainer.model_configs import is_model_source
@@ -33,11 +33,11 @@ def claim_run(accelerator: Accelerator, run: RunConfig, fresh: bool, overwrite: 
     a fresh run's is new, a resume takes the checkpoint's."""
     output_dir = Path(run.config.output_dir)
     if fresh:
-        runtime.on_main_process(
+        collectives.on_main_process(
             accelerator, "claiming the output directory", lambda: checkpoint.claim_output_dir(output_dir, overwrite)
         )
-    run_id = runtime.from_main_process(accelerator, uuid.uuid4().hex, "the run id")
-    runtime.check_shared_output_dir(accelerator, output_dir, run_id)
+    run_id = collectives.from_main_process(accelerator, uuid.uuid4().hex, "the run id")
+    collectives.check_shared_output_dir(accelerator, output_dir, run_id)
     if accelerator.is_main_process:
         write_resolved(run, output_dir)
     return run_id
@@ -137,8 +137,8 @@ def evaluation_source(accelerator: Accelerator, config: Config, source: Path) ->
     """What :meth:`Trainer.evaluate` scores: the config whose ``init.*`` name a weights
     directory's models, or the checkpoint to load. Rank 0 decides what ``source`` is (it
     decides which collectives the set-up runs), for every rank."""
-    kind = runtime.agreed(accelerator, "finding the weights", lambda: weights_kind(source))
-    kind = runtime.from_main_process(accelerator, kind, "the kind of weights to evaluate")
+    kind = collectives.agreed(accelerator, "finding the weights", lambda: weights_kind(source))
+    kind = collectives.from_main_process(accelerator, kind, "the kind of weights to evaluate")
     if kind == "checkpoint":
         return config, str(source)
     # a copy: the caller's config keeps its own init paths

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer import runtime
+from trainer import collectives
 from trainer.config import RunConfig, dotted, load_config, override_mapping
 from trainer.loop import Trainer
 
@@ -50,7 +50,7 @@ def prepare_run(
     """The config of a later run of a pipeline, read on every rank and agreed: which weights
     of the earlier run it starts from (``overrides``, called on every rank) and the file checks
     of its config are rank 0's, and a rank that fails them stops every rank before the run."""
-    return runtime.agreed_between_runs(
+    return collectives.agreed_between_runs(
         f"preparing the {what} run",
         lambda: load_config(config, overrides(), generator_config, discriminator_config, output_dir),
     )

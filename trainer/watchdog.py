@@ -1,6 +1,6 @@
 """Stall detection: a rank that makes no progress for a bound writes its stacks and exits.
 
-The loop and the runtime helpers feed one process-wide :data:`HEARTBEAT` (the phase, the step,
+The loop and the collectives feed one process-wide :data:`HEARTBEAT` (the phase, the step,
 the last collective entered); a daemon thread checks it. When a rank stalls, its watchdog
 writes every thread's Python stack to ``OUTPUT/stall-rank{R}.txt``, prints one line and ends
 the process with exit status 4, so that the launcher ends the other ranks. A rank frozen from

@@ -1,0 +1,182 @@
+"""The Accelerator of a run and the world it runs in: built (start-up bounded), checked (the
+launcher's world size, a supported distributed type, a device per rank), described, and
+released so that a later run in this process starts clean."""
+
+from __future__ import annotations
+
+import os
+import resource
+import socket
+from collections.abc import Sequence
+from datetime import timedelta
+
+import torch
+from accelerate import Accelerator, DataLoaderConfiguration, InitProcessGroupKwargs
+from accelerate.state import AcceleratorState, GradientState
+from accelerate.utils import DistributedType, GradientAccumulationPlugin
+
+from trainer import collectives
+from trainer.config import Config
+from trainer.errors import UserError
+from trainer.peers import close_watch
+from trainer.process_group import form_process_group, startup_bound
+
+
+def build_accelerator(
+    cfg: Config,
+    device: str,
+    project_dir: str | None,
+    log_with: Sequence[str] | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+) -> Accelerator:
+    """Create the one Accelerator of a run and check the world it sees.
+
+    ``scaler`` replaces accelerate's GradScaler (on the CPU, where accelerate makes none, a
+    CPU GradScaler gives the fp16 path).
+    """
+    if cfg.distributed.debug:
+        # Read by torch when the process group starts: checks that every rank runs the same
+        # collective and reports the mismatch instead of hanging.
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    # A previous run in this process (a notebook, a test) leaves accelerate's singletons set.
+    reset_accelerate_state(partial=False)
+    with startup_bound(cfg.distributed.timeout_s):
+        # Without cpu=True on a machine without GPUs, a launcher starts N one-process worlds.
+        cpu = form_process_group(device, cfg.distributed.timeout_s)
+        accelerator = make_accelerator(cfg, cpu, project_dir, log_with)
+    if scaler is not None:
+        accelerator.scaler = scaler
+    check_world(accelerator)
+    check_supported(accelerator)
+    return accelerator
+
+
+def make_accelerator(cfg: Config, cpu: bool, project_dir: str | None, log_with: Sequence[str] | None) -> Accelerator:
+    """The Accelerator of a run (it forms the process group unless one exists)."""
+    return Accelerator(
+        cpu=cpu,
+        mixed_precision=cfg.training.mixed_precision or None,
+        gradient_accumulation_plugin=GradientAccumulationPlugin(
+            num_steps=cfg.training.gradient_accumulation_steps,
+            # Each phase takes exactly `gradient_accumulation_steps` micro-batches from an
+            # endless stream, so an epoch boundary must not force an early sync.
+            sync_with_dataloader=False,
+        ),
+        # The learning rate is a function of the optimizer step alone, not of the world size.
+        step_scheduler_with_optimizer=False,
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.training.seed),
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.distributed.timeout_s))],
+        log_with=list(log_with) if log_with else None,
+        project_dir=project_dir,
+    )
+
+
+def release_accelerator() -> None:
+    """Forget accelerate's per-run singletons so that a later run in this process starts clean.
+
+    Without a process group, the per-process state (device, world of one) goes too: the next
+    run may ask for another device, or be launched into processes forked from this one.
+    """
+    reset_accelerate_state(partial=not torch.distributed.is_initialized())
+
+
+def reset_accelerate_state(partial: bool) -> None:
+    """accelerate's singletons (the state of its Accelerator and of gradient accumulation)
+    forgotten; with ``partial`` the per-process state too. accelerate has no public way to do
+    this; its private ``_reset_state`` is called here alone, and tests/test_api.py fails loudly
+    if an upgrade changes it."""
+    AcceleratorState._reset_state(reset_partial_state=partial)
+    GradientState._reset_state()
+
+
+def check_world(accelerator: Accelerator) -> None:
+    """Fail on every rank when the launcher's world size is not the one Accelerate built."""
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched != accelerator.num_processes:
+        raise UserError(
+            f"rank {os.environ.get('RANK', '?')}: the launcher started {launched} processes but "
+            f"this one sees a world of {accelerator.num_processes} "
+            f"({accelerator.distributed_type.value}); use --device cpu on a machine without GPUs"
+        )
+
+
+#: what the loop supports: it reads each rank's whole gradients and calls the bare modules,
+#: which sharded parameters (FSDP, DeepSpeed, Megatron) would make wrong
+SUPPORTED_TYPES = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
+
+
+def check_supported(accelerator: Accelerator) -> None:
+    """Fail on every rank, before training, under a distributed type the loop does not support."""
+    if accelerator.distributed_type not in SUPPORTED_TYPES:
+        error = UserError(
+            f"rank {accelerator.process_index}: accelerate's distributed type {accelerator.distributed_type.value} "
+            "is not supported: the loop reads whole gradients and calls the bare models, which sharded "
+            "parameters break; use a plain multi-GPU or multi-CPU accelerate config (accelerate_configs/8gpu.yaml)"
+        )
+        error.agreed = True  # the config is the same on every rank
+        raise error
+
+
+def describe_rank(accelerator: Accelerator) -> str:
+    """One line naming host, rank, local rank and device."""
+    device = accelerator.device
+    detail = ""
+    if device.type == "cuda":
+        detail = f" ({torch.cuda.get_device_name(device)}, {device_identity(device)})"
+    return (
+        f"host {socket.gethostname()} rank {accelerator.process_index}/{accelerator.num_processes} "
+        f"local rank {accelerator.local_process_index} device {device}{detail}"
+    )
+
+
+def device_identity(device: torch.device) -> str:
+    """A name for the physical device (its UUID on CUDA), to find ranks that share one."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return f"cuda uuid {getattr(props, 'uuid', device.index)}"
+    return device.type
+
+
+def device_map(accelerator: Accelerator) -> list[tuple[str, int, str, int]]:
+    """(host, rank, device identity, pid) of every rank (one all-gather of small objects)."""
+    mine = [(socket.gethostname(), accelerator.process_index, device_identity(accelerator.device), os.getpid())]
+    return collectives.gather_objects(accelerator, mine, "device map")
+
+
+def shared_devices(world: list[tuple[str, int, str, int]]) -> str:
+    """A description of two ranks on one accelerator of one host, or '' when there is none."""
+    owner: dict[tuple[str, str], int] = {}
+    for host, rank, identity, _ in world:
+        if identity != "cpu" and (host, identity) in owner:
+            return f"ranks {owner[(host, identity)]} and {rank} share {identity} on {host}"
+        owner.setdefault((host, identity), rank)
+    return ""
+
+
+def check_devices(accelerator: Accelerator) -> list[int]:
+    """Fail on every rank, before training, when two ranks share a device; returns the pids of
+    the other ranks on this host (for the watchdog)."""
+    world = device_map(accelerator)
+    clash = shared_devices(world)
+    if clash:
+        error = UserError(f"{clash}; each rank needs its own device (check CUDA_VISIBLE_DEVICES and the launcher)")
+        error.agreed = True
+        raise error
+    host = socket.gethostname()
+    return [pid for peer_host, rank, _, pid in world if peer_host == host and rank != accelerator.process_index]
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory of this process: allocated GPU memory on CUDA, resident set size on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
+
+
+def end_process_group() -> None:
+    """Destroy the default process group, if any, before the process exits: one left to the
+    interpreter's exit can abort the process ("terminate called without an active exception")
+    after the work is done. The peers' watch (which holds a store client) ends first."""
+    close_watch()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
