@@ -357,3 +357,33 @@ def test_the_command_line_beats_the_config_files_stage_sections(tmp_path, caplog
     assert [r["step"] for r in records(tmp_path / "out", "eval")] == [1, 2, 3]
     said = [r.getMessage() for r in caplog.records if "stage1." in r.getMessage()]
     assert len(said) == 1 and "stage1.generator" in said[0] and "training.max_steps=2" in said[0], said
+
+
+@pytest.mark.timeout(180)
+def test_stage1_reads_each_config_file_once(tmp_path, monkeypatch):
+    from trainer.cli import main_stage1
+
+    config = write_oracle_run(tmp_path, {"training": {"max_steps": 1, "eval_every": 1}})
+    reads: dict[str, int] = {}
+    read_text = Path.read_text
+
+    def counting(path, *args, **kwargs):
+        if path.suffix == ".yaml":
+            reads[path.name] = reads.get(path.name, 0) + 1
+        return read_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", counting)
+    assert main_stage1(["--config", str(config), "--device", "cpu"]) == 0
+    assert reads == {"train.yaml": 1, "generator.yaml": 1, "discriminator.yaml": 1}
+
+
+@pytest.mark.timeout(120)
+def test_a_config_dict_runs_like_its_file(tmp_path):
+    from trainer.config import load_config
+    from trainer.loop import Trainer
+
+    path = write_oracle_run(tmp_path, {"training": {"max_steps": 1, "eval_every": 1, "save_every": 1}})
+    as_dict = yaml.safe_load(path.read_text())
+    from_file = Trainer(load_config(path, {"output_dir": str(tmp_path / "file")}), device="cpu").fit()
+    from_dict = Trainer(load_config(as_dict, {"output_dir": str(tmp_path / "dict")}), device="cpu").fit()
+    assert from_dict == from_file and from_file["num_samples"] == EVAL_SIZE

@@ -83,18 +83,18 @@ def run_stage(args: argparse.Namespace, stage: int) -> int:
     """The body of :func:`main`, once the arguments are read."""
     rank = os.environ.get("RANK", "0")
     try:
-        if args.debug:
-            debug_arguments(args)
+        suffix = debug_arguments(args) if args.debug else ""
         # Imported here so that --help and config errors stay fast and touch no device.
         from trainer.config import load_config
         from trainer.stages import fit_run, fit_stage1
 
         flags = (args.config, args.overrides, args.generator_config, args.discriminator_config, args.output_dir)
         if stage == 1:
-            result = fit_stage1(*flags, args.device, args.resume, args.overwrite)
+            result = fit_stage1(*flags, args.device, args.resume, args.overwrite, suffix)
             metrics, stopped = result.metrics, result.stopped
         else:
-            metrics, stopped = fit_run(load_config(*flags), args.device, args.resume, args.overwrite)
+            run = load_config(*flags, output_suffix=suffix)
+            metrics, stopped = fit_run(run, args.device, args.resume, args.overwrite)
     except UserError as exc:
         return report(exc, rank)
     except Exception as exc:
@@ -121,21 +121,16 @@ def configure_logging() -> None:
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 
 
-def debug_arguments(args: argparse.Namespace) -> None:
-    """--debug: anomaly detection on, the DEBUG_OVERRIDES before the user's, outputs beside
-    the configured directory (OUTPUT-debug, replaced by each debug run) unless one is given."""
+def debug_arguments(args: argparse.Namespace) -> str:
+    """--debug: anomaly detection on, the DEBUG_OVERRIDES before the user's; returns the suffix
+    of the output directory (outputs beside the configured one, OUTPUT-debug, replaced by each
+    debug run, unless one is given)."""
     import torch
-
-    from trainer.config import Config, override_mapping
-    from trainer.schema import read_yaml
 
     torch.autograd.set_detect_anomaly(True)
     args.overrides = [*DEBUG_OVERRIDES, *args.overrides]
     args.overwrite = args.overwrite or not args.resume
-    overridden = override_mapping(args.overrides).get("output_dir")
-    if args.output_dir is None:
-        configured = overridden or read_yaml(args.config, "training config").get("output_dir", Config.output_dir)
-        args.output_dir = f"{configured}-debug"
+    return "-debug"
 
 
 def report(exc: UserError, rank: str) -> int:

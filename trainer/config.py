@@ -6,6 +6,7 @@ the run with one line naming the file and the key.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -339,21 +340,35 @@ def _check_scheduler(name: str, source: str, key: str) -> None:
 
 
 def load_config(
-    path: str | Path,
+    config: str | Path | dict[str, Any],
     overrides: dict[str, Any] | list[str] | None = None,
     generator_config: str | Path | None = None,
     discriminator_config: str | Path | None = None,
     output_dir: str | Path | None = None,
+    *,
+    source: str | None = None,
+    output_suffix: str = "",
+    read_models: dict[str, dict[str, Any]] | None = None,
 ) -> RunConfig:
-    """Read, override and validate the training config and the two model configs.
+    """The resolved run: the training config and both model configs, read, overridden and
+    validated. Later settings win: the built-in defaults, ``config`` (a YAML file, or its
+    contents as a dict), ``overrides`` (dotted keys to values, or ``--set`` strings), then
+    ``generator_config``, ``discriminator_config`` and ``output_dir`` (the command line's flags).
 
-    ``overrides`` is a mapping of dotted keys to values, or ``--set`` strings.
+    ``source``: the name errors give a dict ``config`` (its file, when it was read from one).
+    ``output_suffix``: appended to the output directory, unless ``output_dir`` is given.
+    ``read_models``: model configs already read, by the name they were read from, so that a
+    pipeline of runs reads each file once.
     """
-    source = str(path)
-    data = read_yaml(path, "training config")
+    if isinstance(config, dict):
+        source, data = source or "the config dict", copy.deepcopy(config)
+    else:
+        source, data = str(config), read_yaml(config, "training config")
     apply_overrides(data, override_mapping(overrides))
     if output_dir is not None:
         data["output_dir"] = str(output_dir)
+    elif output_suffix:
+        data["output_dir"] = f"{data.get('output_dir', Config.output_dir)}{output_suffix}"
     cfg = from_mapping(Config, data, source)
     if generator_config is not None:
         cfg.model.generator_config = str(generator_config)
@@ -369,7 +384,8 @@ def load_config(
             cfg.model.discriminator_config = cfg.model.generator_config
             models[role] = models["generator"]
             continue
-        models[role] = read_model_config(model_path, role)
+        known = (read_models or {}).get(model_path)
+        models[role] = copy.deepcopy(known) if known is not None else read_model_config(model_path, role)
     return RunConfig(
         config=cfg,
         source=source,

@@ -25,6 +25,7 @@ from typing import Any
 from trainer import collectives
 from trainer.config import RunConfig, dotted, load_config, override_mapping
 from trainer.loop import Trainer
+from trainer.schema import read_yaml
 
 logger = logging.getLogger("trainer")
 
@@ -39,21 +40,11 @@ class StageResult:
     stopped: str | None = None
 
 
-def prepare_run(
-    what: str,
-    config: str | Path,
-    overrides: Callable[[], dict[str, Any]],
-    generator_config: str | None,
-    discriminator_config: str | None,
-    output_dir: str | Path | None,
-) -> RunConfig:
-    """The config of a later run of a pipeline, read on every rank and agreed: which weights
-    of the earlier run it starts from (``overrides``, called on every rank) and the file checks
-    of its config are rank 0's, and a rank that fails them stops every rank before the run."""
-    return collectives.agreed_between_runs(
-        f"preparing the {what} run",
-        lambda: load_config(config, overrides(), generator_config, discriminator_config, output_dir),
-    )
+def prepare_run(what: str, build: Callable[[], RunConfig]) -> RunConfig:
+    """The config of a later run of a pipeline, built on every rank and agreed: which weights
+    of the earlier run it starts from and the file checks of its config are rank 0's, and a
+    rank that fails them stops every rank before the run."""
+    return collectives.agreed_between_runs(f"preparing the {what} run", build)
 
 
 def fit_run(
@@ -71,7 +62,7 @@ def _weights(run_dir: Path, role: str) -> Path:
 
 
 def fit_stage1(
-    config: str | Path,
+    config: str | Path | dict[str, Any],
     overrides: list[str] | dict[str, Any] | None = None,
     generator_config: str | None = None,
     discriminator_config: str | None = None,
@@ -79,6 +70,7 @@ def fit_stage1(
     device: str = "auto",
     resume: str | None = None,
     overwrite: bool = False,
+    output_suffix: str = "",
 ) -> StageResult:
     """Pre-train the generator (maximum likelihood), then the discriminator against it.
 
@@ -87,7 +79,12 @@ def fit_stage1(
     the part must be (its objective, the weights it starts from)."""
     result = StageResult()
     common = override_mapping(overrides)
-    base = load_config(config, common, generator_config, discriminator_config, output_dir)
+    # Each file is read once: the runs of both parts are built from what the first read.
+    source = None if isinstance(config, dict) else str(config)
+    data = config if isinstance(config, dict) else read_yaml(config, "training config")
+    models = (generator_config, discriminator_config)
+    base = load_config(data, common, *models, output_dir, source=source, output_suffix=output_suffix)
+    read = {base.generator_source: base.generator, base.discriminator_source: base.discriminator}
     out = Path(base.config.output_dir)
     generator = out / "generator_mle"
 
@@ -108,11 +105,12 @@ def fit_stage1(
         specific = {key[len(prefix) :]: value for key, value in common.items() if key.startswith(prefix)}
         _report_overridden(f"stage1.{part}", {k: v for k, v in section.items() if k not in specific}, common)
 
-        def run_overrides(defaults_and_fixed=defaults_and_fixed, section=section, specific=specific) -> dict[str, Any]:
+        def build(defaults_and_fixed=defaults_and_fixed, section=section, specific=specific, run_dir=run_dir):
             defaults, fixed = defaults_and_fixed()
-            return {**defaults, **section, **common, **specific, **fixed}
+            overrides = {**defaults, **section, **common, **specific, **fixed}
+            return load_config(data, overrides, *models, run_dir, source=source, read_models=read)
 
-        run = prepare_run(name, config, run_overrides, generator_config, discriminator_config, run_dir)
+        run = prepare_run(name, build)
         result.metrics[name], result.stopped = fit_run(run, device, resume, overwrite)
         if result.stopped:
             break
@@ -153,7 +151,7 @@ def fit_pipeline(
         init = {f"init.{role}": str(_weights(out / "stage1", role)) for role in ("generator", "discriminator")}
         return {**override_mapping(overrides), **init}
 
-    run = prepare_run("stage 2", stage2_config, stage2_overrides, None, None, out / "stage2")
+    run = prepare_run("stage 2", lambda: load_config(stage2_config, stage2_overrides(), output_dir=out / "stage2"))
     metrics, result.stopped = fit_run(run, device, resume, overwrite)
     result.metrics["stage 2"] = metrics
     return result
