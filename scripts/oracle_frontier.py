@@ -23,8 +23,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainer.cli import configure_logging, report  # noqa: E402
+from trainer.cli import report  # noqa: E402
 from trainer.errors import ConfigError, UserError  # noqa: E402
+from trainer.logs import configure_logging  # noqa: E402
 from trainer.tasks.oracle_report import frontier, table  # noqa: E402
 
 

@@ -23,7 +23,7 @@ from statistics import mean
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainer.cli import configure_logging  # noqa: E402
+from trainer.logs import configure_logging  # noqa: E402
 
 METRICS = ("nll_test", "bleu4", "self_bleu4")
 TEMPERATURES = (1.0, 0.9, 0.8)

@@ -83,3 +83,16 @@ def launch(
 def check(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
     return result
+
+
+def tensorboard_text(out: Path, tag: str) -> list[str]:
+    """The texts a run logged to tensorboard under ``tag``, oldest first."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    texts = []
+    for run_dir in sorted({path.parent for path in out.rglob("events.out.tfevents.*")}):
+        events = EventAccumulator(str(run_dir), size_guidance={"tensors": 0})
+        events.Reload()
+        for name in (t for t in events.Tags()["tensors"] if t.startswith(tag)):
+            texts += [event.tensor_proto.string_val[0].decode() for event in events.Tensors(name)]
+    return texts

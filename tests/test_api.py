@@ -9,7 +9,7 @@ import pytest
 from helpers import ROOT, records, write_run
 
 from trainer import Trainer, launch, load_config
-from trainer.errors import CheckpointError
+from trainer.errors import CheckpointError, UserError
 
 
 def test_importing_the_package_loads_no_heavy_library():
@@ -75,3 +75,28 @@ def test_accelerates_private_reset_still_forgets_its_singletons():
     assert not PartialState._shared_state
     Accelerator(cpu=True)  # and a new one builds after it
     reset_accelerate_state(partial=True)
+
+
+@pytest.mark.timeout(120)
+def test_the_python_api_shows_the_trainers_log_lines_once(tmp_path):
+    # a notebook or a script that set no logging up: the lines show as on the command line
+    config = write_run(tmp_path, {"training": {"max_steps": 2}})
+    code = (
+        "from trainer import Trainer, load_config\n"
+        f"run = load_config({str(config)!r})\n"
+        "Trainer(run, device='cpu').fit()\n"
+        "Trainer(run, device='cpu', overwrite=True).fit()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=100)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stderr.count("INFO trainer: [RANK 0] eval at step 2:") == 2, out.stderr[-3000:]
+
+
+def test_launch_after_cuda_was_used_in_the_kernel_says_what_to_do(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(UserError, match="restart the kernel and call launch"):
+        launch(str(write_run(tmp_path, {})), num_processes=2, device="cuda")
+    assert not (tmp_path / "out").exists()  # no process was started

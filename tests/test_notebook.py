@@ -29,6 +29,9 @@ def test_quickstart_notebook_runs(tmp_path, monkeypatch):
     assert len(images) == 2  # the samples and the metric curves
     fit_result = notebook.cells[3].outputs[-1]["data"]["text/plain"]
     assert "'modes'" in fit_result
+    # the trainer's log lines show in the notebook, as on the command line
+    printed = "".join(o.get("text", "") for o in notebook.cells[3].outputs if o.output_type == "stream")
+    assert "eval at step 1500" in printed, printed[-2000:]
     launched = notebook.cells[-1].outputs[-1]["data"]["text/plain"]
     assert "'world_size': 2" in launched and "'num_samples': 2500" in launched
     assert (tmp_path / "outputs" / "quickstart" / "final" / "generator" / "model.safetensors").is_file()

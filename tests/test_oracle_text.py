@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from helpers import ROOT, check, deep_merge, launch, records
+from helpers import ROOT, check, deep_merge, launch, records, tensorboard_text
 from safetensors.torch import load_file
 
 from trainer.cli import main
@@ -172,6 +172,15 @@ def test_saved_generator_loads_with_the_same_logits_and_resume_is_exact(tmp_path
     generator = resumed.g.bare
     assert generator.lm_head.weight is generator.transformer.wte.weight
     assert not [r.getMessage() for r in caplog.records if "shared tensor" in r.getMessage()]
+
+
+@pytest.mark.timeout(120)
+def test_samples_reach_the_trackers_as_text_each_eval(tmp_path):
+    config = write_oracle_run(tmp_path, {"training": {"log_with": ["tensorboard"]}})
+    assert main(["--config", str(config), "--device", "cpu"]) == 0
+    logged = tensorboard_text(tmp_path / "out", "samples")
+    written = [(tmp_path / "out" / "samples" / f"step-{step:07d}.txt").read_text() for step in (2, 4)]
+    assert logged == ["\n\n".join(text.splitlines()) for text in written]
 
 
 @pytest.mark.timeout(120)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from helpers import ROOT, check, deep_merge, launch, records
+from helpers import ROOT, check, deep_merge, launch, records, tensorboard_text
 
 from trainer.cli import main
 from trainer.text_example import write_text_example
@@ -58,19 +58,6 @@ def generates(directory: Path) -> str:
     from transformers import pipeline
 
     return pipeline("text-generation", model=str(directory))("Return the", max_new_tokens=5)[0]["generated_text"]
-
-
-def tensorboard_text(out: Path, tag: str) -> list[str]:
-    """The texts a run logged to tensorboard under ``tag``, oldest first."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    texts = []
-    for run_dir in sorted({path.parent for path in out.rglob("events.out.tfevents.*")}):
-        events = EventAccumulator(str(run_dir), size_guidance={"tensors": 0})
-        events.Reload()
-        for name in (t for t in events.Tags()["tensors"] if t.startswith(tag)):
-            texts += [event.tensor_proto.string_val[0].decode() for event in events.Tensors(name)]
-    return texts
 
 
 def check_evals(out: Path, processes: int) -> list[dict[str, Any]]:

@@ -39,6 +39,19 @@ def _fit_in_each_process(run: RunConfig, device: str, resume: str | None, overwr
         end_process_group()
 
 
+def check_cuda_untouched(device: str) -> None:
+    """A UserError when the processes would use CUDA after this process (a notebook's kernel)
+    has: accelerate's notebook_launcher forks them, and a forked process cannot use CUDA."""
+    import torch
+
+    if device in ("auto", "cuda") and torch.cuda.is_available() and torch.cuda.is_initialized():
+        raise UserError(
+            "launch: this kernel has used CUDA already, and processes forked from it cannot: restart the "
+            "kernel and call launch(...) before anything else touches the GPU (or train in the kernel "
+            "itself with Trainer(run).fit(), one GPU)"
+        )
+
+
 def launch(
     target: Callable[..., Any] | str | Path | RunConfig,
     num_processes: int = 2,
@@ -58,6 +71,7 @@ def launch(
     """
     from accelerate import notebook_launcher
 
+    check_cuda_untouched(device)
     if callable(target):
         function, function_args, run = target, args, None
     else:

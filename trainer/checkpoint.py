@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import pickle
 import re
@@ -28,6 +27,7 @@ from torch import nn
 from trainer import collectives
 from trainer.config import Config
 from trainer.errors import CheckpointError
+from trainer.logs import without_log_records
 
 CHECKPOINT_PATTERN = re.compile(r"^step-(\d{7,})$")
 WEIGHTS_NAME = "model.safetensors"
@@ -278,16 +278,8 @@ def without_shared_tensor_notice() -> Iterator[None]:
     into the same models, whose ties remain (tests/test_oracle_text.py checks it), so the
     warning says nothing a user can act on; exports go through save_pretrained, which knows ties.
     """
-
-    def keep(record: logging.LogRecord) -> bool:
-        return "Removed shared tensor" not in record.getMessage()
-
-    source = logging.getLogger("accelerate.utils.other")
-    source.addFilter(keep)
-    try:
+    with without_log_records("accelerate.utils.other", "Removed shared tensor"):
         yield
-    finally:
-        source.removeFilter(keep)
 
 
 def save_checkpoint(

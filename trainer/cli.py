@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from trainer.errors import UserError, print_error_line
+from trainer.logs import configure_logging
 
 #: the default of --config: the oracle_text recipe (its paths are relative to the project root)
 STAGE_CONFIGS = {
@@ -105,20 +105,6 @@ def run_stage(args: argparse.Namespace, stage: int) -> int:
         else:
             print(json.dumps({"final_eval": metrics}))
     return 0
-
-
-def configure_logging() -> None:
-    """INFO lines with time and source; the trainer's own "saved ..." line stands for the
-    per-file lines of Accelerate's checkpointing, and transformers' save bars stay off."""
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    for name in ("accelerate.checkpointing", "accelerate.accelerator"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    from transformers.utils import logging as transformers_logging
-
-    transformers_logging.disable_progress_bar()
-    # No bar per map and filter of every rank; read when datasets is imported, which costs
-    # 2 s that a run without a text recipe need not pay.
-    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 
 
 def debug_arguments(args: argparse.Namespace) -> str:

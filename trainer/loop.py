@@ -27,6 +27,7 @@ from trainer.checkpoint import Checkpoints, TrainState
 from trainer.config import RunConfig
 from trainer.errors import DataError, NonFiniteError
 from trainer.evaluation import evaluate
+from trainer.logs import ensure_logging
 from trainer.metrics import MetricsLog, flat_hparams, resolve_trackers
 from trainer.outputs import RunOutputs
 from trainer.phases import BatchStream, Phase, frozen
@@ -100,6 +101,7 @@ class Trainer(RunOutputs):
         (from the checkpoint ``resume`` names). With ``training`` off (eval only) nothing is
         written. Every rank of a launched job calls it. Until :meth:`close` (the end of a
         ``with trainer.start():`` block) the watchdog runs and SIGTERM/SIGINT ask for a stop."""
+        ensure_logging()
         self._session = contextlib.ExitStack()
         try:
             self._build_accelerator()
@@ -365,6 +367,7 @@ class Trainer(RunOutputs):
         ``generator/`` and ``discriminator/`` (``best/``, ``final/``); None: the models the
         config builds and initialises. Every rank of a launched job calls it.
         """
+        ensure_logging()
         try:
             self._build_accelerator()
             with self.watchdog, HEARTBEAT.long_work("evaluation"):

@@ -221,4 +221,7 @@ class OracleTextTask(SequenceGanTask):
         rows = outputs["generated"][:count].tolist()
         path = output_dir / "samples" / f"step-{step:07d}.txt"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(" ".join(str(t) for t in row if t >= 0) + "\n" for row in rows))
+        texts = [" ".join(str(t) for t in row if t >= 0) for row in rows]
+        path.write_text("".join(text + "\n" for text in texts))
+        for tracker in trackers:  # a string value is text to accelerate's trackers (add_text)
+            tracker.log({"samples": "\n\n".join(texts)}, step=step)

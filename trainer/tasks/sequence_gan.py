@@ -29,6 +29,7 @@ from transformers import (
 
 from trainer import losses
 from trainer.errors import ConfigError
+from trainer.logs import without_log_records
 from trainer.tasks.base import Penalties, Task
 from trainer.tasks.sampling import InverseCdfSampling
 from trainer.tasks.transformers_models import from_pretrained, load_pretrained
@@ -190,12 +191,15 @@ class SequenceGanTask(Task):
             use_cache=True,
         )
         processors = [*self.warpers(temperature), InverseCdfSampling(uniforms, prompt.shape[1], self.banned)]
-        output = model.generate(
-            input_ids=prompt,
-            attention_mask=torch.ones_like(prompt),
-            generation_config=generation,
-            logits_processor=LogitsProcessorList(processors),
-        )
+        # The mask is passed; generate's first forward drops an all-ones one, and then warns
+        # when the start token doubles as the padding id (it does for GPT-2's tokenizer).
+        with without_log_records("transformers.modeling_utils", "passing in an `attention_mask`"):
+            output = model.generate(
+                input_ids=prompt,
+                attention_mask=torch.ones_like(prompt),
+                generation_config=generation,
+                logits_processor=LogitsProcessorList(processors),
+            )
         return output[:, 1:]
 
     def token_log_probs(self, generator: nn.Module, sequences: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
