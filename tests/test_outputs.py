@@ -22,7 +22,9 @@ def test_tensorboard_holds_the_scalars_of_metrics_jsonl(tmp_path):
     config = write_run(tmp_path, {"training": {"log_with": ["tensorboard"]}})
     Trainer(load_config(config), device="cpu").fit()
     runs = [p.parent for p in (tmp_path / "out" / "tensorboard").rglob("events.out.tfevents.*")]
-    assert runs, "no tensorboard event file"
+    project = tmp_path / "out" / "tensorboard" / "out"  # the project is the output directory's name
+    assert project in runs and all(project in run.parents or run == project for run in runs), runs
+    runs = [project]
     events = EventAccumulator(str(runs[0]))
     events.Reload()
     tags = set(events.Tags()["scalars"])
@@ -69,3 +71,37 @@ def test_debug_runs_a_few_steps_in_this_process_without_watchdog(tmp_path):
     resolved = yaml.safe_load((debug_dir / "config.yaml").read_text())
     assert resolved["distributed"]["watchdog_s"] == 0 and resolved["training"]["num_workers"] == 0
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(120)
+def test_trackers_start_with_the_project_run_name_and_init_kwargs(tmp_path, monkeypatch):
+    from accelerate import Accelerator
+
+    started = []
+    init_trackers = Accelerator.init_trackers
+
+    def recording(self, project_name, config=None, init_kwargs=None):
+        started.append((project_name, init_kwargs))
+        return init_trackers(self, project_name, config, init_kwargs)
+
+    monkeypatch.setattr(Accelerator, "init_trackers", recording)
+    training = {
+        "log_with": ["tensorboard"],
+        "project_name": "rings",
+        "run_name": "trial-3",
+        "tracker_init_kwargs": {"tensorboard": {"flush_secs": 1}, "wandb": {"entity": "team"}},
+        "max_steps": 2,
+    }
+    Trainer(load_config(write_run(tmp_path, {"training": training})), device="cpu").fit()
+    assert started == [("rings", {"tensorboard": {"flush_secs": 1}, "wandb": {"entity": "team"}})]
+    assert list((tmp_path / "out" / "tensorboard" / "rings").glob("events.out.tfevents.*"))
+
+    from trainer.metrics import tracker_settings
+
+    run = load_config(write_run(tmp_path, {"training": training}))
+    project, kwargs = tracker_settings(run.config, ["wandb", "mlflow", "tensorboard"])
+    assert kwargs == {
+        "tensorboard": {"flush_secs": 1},
+        "wandb": {"entity": "team", "name": "trial-3"},
+        "mlflow": {"run_name": "trial-3"},
+    }

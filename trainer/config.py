@@ -86,8 +86,14 @@ class TrainingSection:
     r1_interval: int = 1
     #: accelerate trackers; "auto" means tensorboard when it is installed
     log_with: list[str] = field(default_factory=lambda: ["auto"])
-    #: tracker project (tensorboard writes under OUTPUT/<project_name>)
-    project_name: str = "tensorboard"
+    #: the trackers' project ("": the output directory's name); tensorboard writes under
+    #: OUTPUT/tensorboard/<project_name>
+    project_name: str = ""
+    #: the run's name in trackers that name runs (wandb, mlflow, aim, ...; "": theirs)
+    run_name: str = ""
+    #: keyword arguments of each tracker's start, by tracker name (accelerate's init_kwargs),
+    #: e.g. {wandb: {entity: my-team, tags: [ring]}}
+    tracker_init_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
     num_workers: int = 0
     #: what a step trains: both models against each other (stage 2), or one model alone in
     #: stage 1: the generator by maximum likelihood ("mle"), the discriminator ("discriminator")

@@ -28,7 +28,7 @@ from trainer.config import RunConfig
 from trainer.errors import DataError, NonFiniteError
 from trainer.evaluation import evaluate
 from trainer.logs import ensure_logging
-from trainer.metrics import MetricsLog, flat_hparams, resolve_trackers
+from trainer.metrics import MetricsLog, flat_hparams, resolve_trackers, tracker_settings
 from trainer.outputs import RunOutputs
 from trainer.phases import BatchStream, Phase, frozen
 from trainer.tasks import Task, load_task
@@ -196,7 +196,8 @@ class Trainer(RunOutputs):
             return
         self.metrics = MetricsLog(acc, self.output_dir, resumed_from)
         if self.trackers:
-            acc.init_trackers(t.project_name, config=flat_hparams(cfg))
+            project, init_kwargs = tracker_settings(cfg, self.trackers)
+            acc.init_trackers(project, config=flat_hparams(cfg), init_kwargs=init_kwargs)
         collectives.barrier(acc, "after start-up")
 
     def _resume(self) -> int | None:

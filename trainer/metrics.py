@@ -25,6 +25,23 @@ def resolve_trackers(names: list[str]) -> list[str]:
     return list(dict.fromkeys(resolved))
 
 
+#: the keyword that names a run when a tracker starts, by tracker (tensorboard names its
+#: directory after the project instead)
+RUN_NAME_KEYS = {"wandb": "name", "mlflow": "run_name", "aim": "run_name", "comet_ml": "experiment_name"}
+
+
+def tracker_settings(cfg: Config, trackers: list[str]) -> tuple[str, dict[str, dict[str, Any]]]:
+    """The project name and the start keyword arguments of each tracker, by tracker: the
+    config's ``tracker_init_kwargs`` with ``run_name`` under each tracker's own keyword."""
+    t = cfg.training
+    kwargs = {name: dict(values) for name, values in t.tracker_init_kwargs.items()}
+    if t.run_name:
+        for name in trackers:
+            if name in RUN_NAME_KEYS:
+                kwargs.setdefault(name, {}).setdefault(RUN_NAME_KEYS[name], t.run_name)
+    return t.project_name or Path(cfg.output_dir).name, kwargs
+
+
 def flat_hparams(cfg: Config) -> dict[str, Any]:
     """The config as flat scalar hyper-parameters, as trackers want them."""
     flat: dict[str, Any] = {}

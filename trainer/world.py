@@ -9,11 +9,12 @@ import resource
 import socket
 from collections.abc import Sequence
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration, InitProcessGroupKwargs
 from accelerate.state import AcceleratorState, GradientState
-from accelerate.utils import DistributedType, GradientAccumulationPlugin
+from accelerate.utils import DistributedType, GradientAccumulationPlugin, ProjectConfiguration
 
 from trainer import collectives
 from trainer.config import Config
@@ -67,7 +68,10 @@ def make_accelerator(cfg: Config, cpu: bool, project_dir: str | None, log_with: 
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.training.seed),
         kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.distributed.timeout_s))],
         log_with=list(log_with) if log_with else None,
-        project_dir=project_dir,
+        # trackers that write files (tensorboard) write under OUTPUT/tensorboard/<project>
+        project_config=ProjectConfiguration(
+            project_dir=project_dir, logging_dir=str(Path(project_dir) / "tensorboard") if project_dir else None
+        ),
     )
 
 
