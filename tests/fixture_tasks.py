@@ -112,6 +112,19 @@ class IndexedEval(GaussianMixtureTask):
         return metrics
 
 
+class ScoredWeights(GaussianMixtureTask):
+    """The eval reports the sum of the scored generator's weights (which generator it was)."""
+
+    def eval_outputs(self, generator, discriminator, batch):
+        outputs = super().eval_outputs(generator, discriminator, batch)
+        total = sum(p.double().sum() for p in generator.parameters())
+        outputs["weight_sum"] = total.expand(len(batch["real"])).clone()
+        return outputs
+
+    def eval_metrics(self, outputs):
+        return {**super().eval_metrics(outputs), "weight_sum": float(outputs["weight_sum"][0])}
+
+
 class RankLengthOracle(OracleTextTask):
     """oracle_text whose generated eval sequences are shorter on rank r by r tokens, so that a
     test can see sequences of different lengths gathered across ranks with an exact count; each

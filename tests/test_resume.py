@@ -15,15 +15,16 @@ MEASURED = ("samples_per_s", "steps_per_s", "peak_memory_mb")  # machine measure
 
 
 def weights(directory):
-    return {role: load_file(directory / role / "model.safetensors") for role in ("generator", "discriminator")}
+    roles = [path.name for path in directory.iterdir() if (path / "model.safetensors").is_file()]
+    return {role: load_file(directory / role / "model.safetensors") for role in roles}
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("processes", [1, 2])
-def test_resume_is_bit_identical(tmp_path, processes):
+@pytest.mark.parametrize(("processes", "ema"), [(1, 0.0), (2, 0.0), (1, 0.8), (2, 0.8)])
+def test_resume_is_bit_identical(tmp_path, processes, ema):
     # 40 samples in batches of 4 with 2 micro-batches per phase: the checkpoint at step 3
     # falls in the middle of an epoch, with Adam state, a decaying learning rate and the
-    # noise generator all mid-way.
+    # noise generator all mid-way (and the average of the generator, from step 1 with warm-up).
     config = write_run(
         tmp_path,
         {
@@ -33,6 +34,9 @@ def test_resume_is_bit_identical(tmp_path, processes):
                 "eval_every": 2,
                 "gradient_accumulation_steps": 2,
                 "best_metric": "reverse_kl",
+                "ema_decay": ema,
+                "ema_start": 1,
+                "ema_warmup": True,
             },
             "optim": {"generator": {"scheduler": "linear"}, "discriminator": {"scheduler": "cosine"}},
             "data": {"train_size": 40},
@@ -50,6 +54,7 @@ def test_resume_is_bit_identical(tmp_path, processes):
     result = check(launch([*args, "--resume", str(out / "checkpoints" / "step-0000003")], processes))
     assert "at step 3" in result.stderr
     resumed = weights(out / "final")
+    assert sorted(resumed) == sorted(["generator", "discriminator", *(["generator_raw"] if ema else [])])
     for role in resumed:
         assert resumed[role].keys() == uninterrupted[role].keys()
         for key, value in resumed[role].items():

@@ -21,7 +21,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
 from trainer import collectives
@@ -64,8 +64,9 @@ class Stateful(Protocol):
 
 class Checkpoints:
     """Saves and loads a run's whole state: accelerate's (models, optimizers, schedulers,
-    GradScaler, RNGs), the record of ``parts`` (``trainer_state.json``) and each rank's
-    ``noise`` generator; keeps the newest ``keep`` of this run's checkpoints."""
+    GradScaler, RNGs), the record of ``parts`` (``trainer_state.json``), ``modules`` that are
+    the same on every rank (``NAME.safetensors``, by the main process) and each rank's ``noise``
+    generator; keeps the newest ``keep`` of this run's checkpoints."""
 
     def __init__(
         self,
@@ -75,19 +76,26 @@ class Checkpoints:
         noise: torch.Generator,
         keep: int,
         shape: dict[str, int],
+        modules: dict[str, nn.Module],
     ) -> None:
-        self.accelerator, self.output_dir, self.parts = accelerator, output_dir, parts
+        self.accelerator, self.output_dir, self.parts, self.modules = accelerator, output_dir, parts, modules
         self.noise, self.keep, self.shape = noise, keep, shape
 
     def save(self) -> Path:
         """Write ``checkpoints/step-NNNNNNN`` (every rank takes part); its path."""
         record = {name: value for part in self.parts for name, value in part.state_dict().items()}
         rank_state = {"noise": self.noise.get_state()}
-        return save_checkpoint(self.accelerator, self.output_dir, record, rank_state, self.keep, self.shape)
+        return save_checkpoint(
+            self.accelerator, self.output_dir, record, rank_state, self.keep, self.shape, self.modules
+        )
 
     def load(self, path: Path) -> None:
         """Restore every part from the checkpoint at ``path`` (every rank takes part)."""
         record, rank_state = load_checkpoint(self.accelerator, path, self.shape)
+        for name, module in self.modules.items():
+            if not (path / f"{name}.safetensors").is_file():
+                raise CheckpointError(f"{path}: no {name}.safetensors: written by a run without it (training.{name}_*)")
+            load_model(module, str(path / f"{name}.safetensors"))  # onto the CPU, copied into the module
         try:
             for part in self.parts:
                 part.load_state_dict(record)
@@ -289,9 +297,11 @@ def save_checkpoint(
     rank_state: dict[str, torch.Tensor],
     keep: int,
     shape: dict[str, int],
+    modules: dict[str, nn.Module],
 ) -> Path:
     """Write the full training state to ``checkpoints/step-NNNNNNN`` on every rank: ``record``
-    (its ``step`` names the directory, its ``run_id`` the run) and each rank's ``rank_state``.
+    (its ``step`` names the directory, its ``run_id`` the run), each rank's ``rank_state`` and,
+    from the main process, ``modules`` (safetensors' ``save_model``: tied weights stored once).
 
     Everything is written under a temporary name; after every rank has finished, the main
     process renames it, so a checkpoint directory with its final name is always complete.
@@ -306,6 +316,8 @@ def save_checkpoint(
         accelerator.save_state(str(partial))
     save_file(rank_state, str(partial / f"rank_state_{accelerator.process_index}.safetensors"))
     if accelerator.is_main_process:
+        for name, module in modules.items():
+            save_model(module, str(partial / f"{name}.safetensors"))
         (partial / STATE_NAME).write_text(json.dumps({**record, "shape": shape}, indent=1))
     collectives.barrier(accelerator, "after the checkpoint write")
     if accelerator.is_main_process:

@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_origin
 
-import yaml
-
 from trainer.errors import ConfigError
 from trainer.model_configs import GENERATOR_BODY, read_model_config
+from trainer.overrides import dotted, override_mapping
 from trainer.schema import field_type, from_mapping, read_yaml, suggestion
 
 LOSSES = ("non_saturating", "hinge", "least_squares", "wasserstein")
@@ -94,6 +93,13 @@ class TrainingSection:
     #: keyword arguments of each tracker's start, by tracker name (accelerate's init_kwargs),
     #: e.g. {wandb: {entity: my-team, tags: [ring]}}
     tracker_init_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: decay of an exponential moving average of the generator's weights (0: none); when on,
+    #: the eval scores the average and best/ and final/ export it (the raw one as generator_raw)
+    ema_decay: float = 0.0
+    #: generator steps before the average starts (until then it copies the weights)
+    ema_start: int = 0
+    #: a lower decay for the average's first updates: min(ema_decay, (1 + n) / (10 + n))
+    ema_warmup: bool = False
     num_workers: int = 0
     #: what a step trains: both models against each other (stage 2), or one model alone in
     #: stage 1: the generator by maximum likelihood ("mle"), the discriminator ("discriminator")
@@ -188,25 +194,6 @@ class RunConfig:
     discriminator_source: str
 
 
-def parse_override(text: str) -> tuple[str, Any]:
-    """Split ``dotted.key=value``; the value is read as YAML (so ``3`` is an int)."""
-    if "=" not in text:
-        raise ConfigError(f"--set {text}: expected dotted.key=value")
-    key, raw = text.split("=", 1)
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    return key.strip(), value
-
-
-def override_mapping(overrides: dict[str, Any] | list[str] | None) -> dict[str, Any]:
-    """Overrides as a mapping of dotted keys to values, from a mapping or ``--set`` strings."""
-    if isinstance(overrides, dict):
-        return dict(overrides)
-    return dict(parse_override(item) for item in overrides or [])
-
-
 def check_override_key(key: str) -> None:
     """Raise a ConfigError unless ``key`` names a field of Config (or lies in a free mapping)."""
     tp: Any = Config
@@ -221,18 +208,6 @@ def check_override_key(key: str) -> None:
         except KeyError as exc:
             raise ConfigError(f"--set {key}: {exc.args[0]}") from None
         walked.append(part)
-
-
-def dotted(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``mapping`` with nested mappings flattened into dotted keys (``{"a": {"b": 1}}`` ->
-    ``{"a.b": 1}``); later keys win, so an override set with ``--set`` beats the file's."""
-    flat: dict[str, Any] = {}
-    for key, value in mapping.items():
-        if isinstance(value, dict) and value:
-            flat.update(dotted(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> None:
@@ -273,6 +248,8 @@ def validate(cfg: Config, source: str) -> None:
     _require(t.num_workers >= 0, source, "training.num_workers", "must be 0 or more")
     _require(t.max_time >= 0, source, "training.max_time", "must be 0 (no limit) or more")
     _require(t.gp_weight >= 0, source, "training.gp_weight", "must be 0 or more")
+    _require(0 <= t.ema_decay < 1, source, "training.ema_decay", "must be in [0, 1) (0: no average)")
+    _require(t.ema_start >= 0, source, "training.ema_start", "must be 0 or more")
     _require(t.r1_weight >= 0, source, "training.r1_weight", "must be 0 or more")
     _require(cfg.eval.batch_size >= 1, source, "eval.batch_size", "must be at least 1")
     _require(cfg.data.train_size >= 1, source, "data.train_size", "must be at least 1")

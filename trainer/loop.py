@@ -25,8 +25,8 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from trainer import checkpoint, collectives, peers, setup, world
 from trainer.checkpoint import Checkpoints, TrainState
 from trainer.config import RunConfig
+from trainer.ema import GeneratorEma
 from trainer.errors import DataError, NonFiniteError
-from trainer.evaluation import evaluate
 from trainer.logs import ensure_logging
 from trainer.metrics import MetricsLog, flat_hparams, resolve_trackers, tracker_settings
 from trainer.outputs import RunOutputs
@@ -160,6 +160,8 @@ class Trainer(RunOutputs):
         generator, discriminator, train_set, eval_set = collectives.main_process_first(
             acc, "reading the models and data", lambda: setup.read_inputs(task, cfg.init)
         )
+        # the average starts as a copy of the generator before accelerate wraps it
+        self.ema = GeneratorEma(generator, t.ema_decay, t.ema_start, t.ema_warmup, acc.device) if t.ema_decay else None
         opt_g, sched_g = setup.optimization(cfg.optim.generator, generator, t.max_steps)
         opt_d, sched_d = setup.optimization(cfg.optim.discriminator, discriminator, t.max_steps * t.d_steps_per_g_step)
         train_loader, eval_loader = setup.loaders(task, cfg, train_set, eval_set)
@@ -186,10 +188,11 @@ class Trainer(RunOutputs):
         self.checkpoints = Checkpoints(
             acc,
             self.output_dir,
-            [self.state, self.stream, self.d, self.g],
+            [self.state, self.stream, self.d, self.g, *([self.ema] if self.ema else [])],
             self.noise,
             t.keep_checkpoints,
             checkpoint.run_shape(cfg, acc.num_processes),
+            {"ema": self.ema.averaged} if self.ema else {},
         )
         resumed_from = self._resume() if self.resume else None
         if not training:
@@ -243,6 +246,8 @@ class Trainer(RunOutputs):
                     collectives.backward(self.accelerator, loss, phase.role)
                 phase.record(loss, parts)
         self._finish_phase(phase)
+        if phase is self.g and self.ema is not None:
+            self.ema.update(self.g.bare, self.g.steps)
 
     def _micro_batch(self, phase: Phase) -> contextlib.AbstractContextManager[None]:
         """accelerate's accumulate(); a phase of one micro-batch always syncs, and skipping the
@@ -325,7 +330,7 @@ class Trainer(RunOutputs):
             if self.state.step >= t.max_steps:
                 # Resumed from the end of a finished run: nothing to train; its models' scores
                 # are the answer (not written again: the run's records hold them already).
-                last_eval, _ = evaluate(acc, self.task, self.g.model, self.d.model, self.eval_loader)
+                last_eval, _ = self.score()
             while self.state.step < t.max_steps and not self.stopped:
                 metrics = self.step()
                 bar.update(1)
@@ -375,7 +380,7 @@ class Trainer(RunOutputs):
                 if source is not None:
                     self.config, self.resume = setup.evaluation_source(self.accelerator, self.config, Path(source))
                 self._setup(training=False)
-                metrics, _ = evaluate(self.accelerator, self.task, self.g.model, self.d.model, self.eval_loader)
+                metrics, _ = self.score()
             return metrics
         finally:
             world.release_accelerator()

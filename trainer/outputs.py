@@ -19,6 +19,7 @@ from accelerate.logging import get_logger
 from trainer import checkpoint, collectives, setup, world
 from trainer.checkpoint import Checkpoints, TrainState
 from trainer.config import Config
+from trainer.ema import GeneratorEma
 from trainer.errors import DataError
 from trainer.evaluation import evaluate
 from trainer.metrics import MetricsLog
@@ -42,6 +43,7 @@ class RunOutputs:
     state: TrainState
     metrics: MetricsLog
     checkpoints: Checkpoints
+    ema: GeneratorEma | None
     eval_loader: Any
     progress_lines: bool
     _window_start: float
@@ -97,12 +99,19 @@ class RunOutputs:
             rate = f", {values['steps_per_s']:.2f} steps/s" if values["steps_per_s"] else ""
             logger.info(f"step {self.state.step}/{t.max_steps}: {losses}{rate}")
 
+    def score(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """The eval of the generator the run ships (the average, when ``training.ema_decay``
+        is on: then the metrics say ``"generator": "ema"``) against the discriminator."""
+        generator = self.g.model if self.ema is None else self.ema.model
+        metrics, outputs = evaluate(self.accelerator, self.task, generator, self.d.model, self.eval_loader)
+        return (metrics if self.ema is None else {**metrics, "generator": "ema"}), outputs
+
     def run_eval(self) -> dict[str, Any]:
         """Score the eval set on every rank, write the eval record (the main process: samples,
         plots) and, when ``training.best_metric`` improves, export ``best/``; the metrics."""
         acc, t, state = self.accelerator, self.config.training, self.state
         with self._outside_throughput():
-            metrics, outputs = evaluate(acc, self.task, self.g.model, self.d.model, self.eval_loader)
+            metrics, outputs = self.score()
             self.metrics.write("eval", state.step, metrics)
             # The others wait for the main process's plots and samples here, named and with the
             # long-work bound, rather than in the next step's all-reduce with the short one.
@@ -123,12 +132,16 @@ class RunOutputs:
             return metrics
 
     def export(self, name: str) -> None:
-        """Write both models to ``OUTPUT/<name>/`` (the main process; every rank waits)."""
+        """Write both models to ``OUTPUT/<name>/`` (the main process; every rank waits); with
+        the average on, ``generator/`` is the average and ``generator_raw/`` the trained weights."""
+        models = {"generator": self.g.model, "discriminator": self.d.model}
+        if self.ema is not None:
+            models.update(generator=self.ema.model, generator_raw=self.g.model)
         # The other ranks wait here for the main process's writes, with the long-work bound.
         with HEARTBEAT.long_work(f"writing {name}/ (main process)"):
-            for phase in (self.g, self.d):
-                extras = functools.partial(self.task.save_with, phase.role)
-                checkpoint.export_model(self.accelerator, phase.model, self.output_dir / name / phase.role, extras)
+            for directory, model in models.items():
+                extras = functools.partial(self.task.save_with, directory.removesuffix("_raw"))
+                checkpoint.export_model(self.accelerator, model, self.output_dir / name / directory, extras)
             collectives.barrier(self.accelerator, f"after writing {name}/")
 
     def save(self) -> None:

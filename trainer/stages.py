@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from trainer import collectives
-from trainer.config import RunConfig, dotted, load_config, override_mapping
+from trainer.config import RunConfig, load_config
 from trainer.loop import Trainer
+from trainer.overrides import dotted, override_mapping
 from trainer.schema import read_yaml
 
 logger = logging.getLogger("trainer")

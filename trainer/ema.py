@@ -1,0 +1,55 @@
+"""An exponential moving average of the generator's weights (``training.ema_decay``).
+
+GAN practice evaluates and ships the average (StyleGAN's ``G_ema``, diffusers' ``--use_ema``):
+the raw generator's quality swings from one step to the next. The average is torch's
+``AveragedModel`` of a copy of the generator made before accelerate prepares it (a copy of
+the prepared one would carry accelerate's forward wrapper, which calls the original model).
+It is updated after every generator optimizer step from the bare weights, which are the same
+on every rank: no collective.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.optim.swa_utils import AveragedModel
+
+
+class GeneratorEma:
+    """The average of ``model``'s weights and buffers over generator steps.
+
+    Until generator step ``start`` the average is a copy of the weights; after it, each step
+    moves it by ``1 - decay`` towards them, with ``warmup`` by ``1 - min(decay, (1 + n) /
+    (10 + n))`` at its n-th update, so that an early average does not remember the first
+    steps' weights for long."""
+
+    def __init__(self, model: nn.Module, decay: float, start: int, warmup: bool, device: torch.device) -> None:
+        self.decay, self.start, self.warmup = decay, start, warmup
+        self.averaged = AveragedModel(model, device=device, multi_avg_fn=self._average, use_buffers=True)
+        self.averaged.requires_grad_(False)
+        #: updates since the average started (its ``n_averaged`` lives on the device)
+        self.updates = 0
+
+    @property
+    def model(self) -> nn.Module:
+        """The averaged generator, a module like the generator."""
+        return self.averaged.module
+
+    def _average(self, averaged: list[torch.Tensor], current: list[torch.Tensor], _: torch.Tensor) -> None:
+        decay = min(self.decay, (1 + self.updates) / (10 + self.updates)) if self.warmup else self.decay
+        torch._foreach_lerp_(averaged, current, 1 - decay)  # as torch's get_ema_multi_avg_fn
+
+    @torch.no_grad()
+    def update(self, generator: nn.Module, step: int) -> None:
+        """After generator optimizer step ``step`` (counted from 1), from the bare generator."""
+        if step <= self.start:
+            self.averaged.n_averaged.zero_()  # the next update copies the weights
+        else:
+            self.updates += 1
+        self.averaged.update_parameters(generator)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"ema_updates": self.updates}
+
+    def load_state_dict(self, record: dict[str, int]) -> None:
+        self.updates = record["ema_updates"]
