@@ -30,3 +30,30 @@ def test_eval_counts_each_sample_once(tmp_path, eval_size):
         assert record["rows_match"]
     # Rows from rank 0 are 3 long, rows from rank 1 are 4 long and were padded to match.
     assert evals[0]["row_lengths"] == ([3] if eval_size == 1 else [3, 4])
+
+
+@pytest.mark.timeout(120)
+def test_a_long_eval_shows_a_bar_counting_its_batches(tmp_path, monkeypatch):
+    from trainer import evaluation
+    from trainer.config import load_config
+    from trainer.loop import Trainer
+
+    class RecordingBar:
+        def __init__(self, **kwargs):
+            self.kwargs, self.updates, self.closed = kwargs, 0, False
+            bars.append(self)
+
+        def update(self, count=1):
+            self.updates += count
+
+        def close(self):
+            self.closed = True
+
+    bars: list[RecordingBar] = []
+    monkeypatch.setattr(evaluation, "tqdm", RecordingBar)
+    config = write_run(tmp_path, {"training": {"max_steps": 2, "eval_every": 2}, "data": {"eval_size": 10}})
+    Trainer(load_config(config), device="cpu").fit()
+    (bar,) = bars  # one eval, on the main process (the only one here)
+    assert bar.kwargs["desc"] == "eval" and bar.kwargs["delay"] == evaluation.EVAL_BAR_DELAY_S > 0
+    assert bar.kwargs["disable"] is None  # the main process: shown on a terminal or in a notebook
+    assert bar.kwargs["total"] == bar.updates == 3 and bar.closed  # 10 samples in batches of 4

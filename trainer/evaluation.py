@@ -12,10 +12,14 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from torch import nn
+from tqdm.auto import tqdm
 
 from trainer import collectives
 from trainer.tasks.base import Task
 from trainer.watchdog import HEARTBEAT
+
+#: seconds an eval runs before its progress bar shows
+EVAL_BAR_DELAY_S = 3.0
 
 
 def _pad_to(tensor: torch.Tensor, length: int, value: float) -> torch.Tensor:
@@ -59,9 +63,20 @@ def evaluate(
     bare_g.eval()
     bare_d.eval()
     chunks = []
+    # A bar on the main process, shown once the eval has taken EVAL_BAR_DELAY_S (a short eval
+    # shows none); like the training bar, none in a log file or pipe.
+    bar = tqdm(
+        total=len(dataloader),
+        desc="eval",
+        disable=None if accelerator.is_main_process else True,
+        delay=EVAL_BAR_DELAY_S,
+        leave=False,
+        dynamic_ncols=True,
+    )
     try:
         for batch in collectives.start_iterator(dataloader, "eval"):
             HEARTBEAT.beat("eval")
+            bar.update(1)
             outputs = task.eval_outputs(bare_g, bare_d, batch)
             if not chunks:  # the keys, ranks and dtypes decide the collectives that follow
                 collectives.check_same_on_every_rank(
@@ -74,6 +89,7 @@ def evaluate(
             gathered = collectives.gather_outputs(accelerator, outputs, task.eval_pad_value)
             chunks.append({key: value.cpu() for key, value in gathered.items()})
     finally:
+        bar.close()
         bare_g.train()
         bare_d.train()
     outputs = concatenate(chunks, task.eval_pad_value)
