@@ -27,6 +27,9 @@ class GeneratorEma:
         self.decay, self.start, self.warmup = decay, start, warmup
         self.averaged = AveragedModel(model, device=device, multi_avg_fn=self._average, use_buffers=True)
         self.averaged.requires_grad_(False)
+        # The copy counts as averaged once (AveragedModel would copy at its first update): with
+        # ema_start 0 the average starts from the initial weights, as StyleGAN's G_ema does.
+        self.averaged.n_averaged.fill_(1)
         #: updates since the average started (its ``n_averaged`` lives on the device)
         self.updates = 0
 

@@ -179,6 +179,8 @@ class Trainer(RunOutputs):
         self.g = Phase("g", "generator", generator, acc.unwrap_model(generator), opt_g, sched_g,
                        cfg.optim.generator.max_grad_norm, self._generator_loss, task.generator_needs_data,
                        frozen=list(self.d.params))  # fmt: skip
+        if self.ema is not None:
+            self.g.after_step = lambda: self.ema.update(self.g.bare, self.g.steps)
         plain = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
         self.direct_step = acc.scaler is None and acc.distributed_type in plain
         self.state = TrainState(run_id=run_id)
@@ -246,8 +248,8 @@ class Trainer(RunOutputs):
                     collectives.backward(self.accelerator, loss, phase.role)
                 phase.record(loss, parts)
         self._finish_phase(phase)
-        if phase is self.g and self.ema is not None:
-            self.ema.update(self.g.bare, self.g.steps)
+        if phase.after_step is not None:
+            phase.after_step()
 
     def _micro_batch(self, phase: Phase) -> contextlib.AbstractContextManager[None]:
         """accelerate's accumulate(); a phase of one micro-batch always syncs, and skipping the

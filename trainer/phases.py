@@ -57,6 +57,8 @@ class Phase:
     compute: Compute
     needs_data: bool
     frozen: list[nn.Parameter] = field(default_factory=list)
+    #: called after each of the phase's optimizer steps (the generator's moving average)
+    after_step: Callable[[], None] | None = None
     #: optimizer steps taken, steps skipped (non-finite gradients), skips in a row
     steps: int = 0
     skipped: int = 0
