@@ -38,8 +38,8 @@ def claim_run(accelerator: Accelerator, run: RunConfig, fresh: bool, overwrite: 
         )
     run_id = collectives.from_main_process(accelerator, uuid.uuid4().hex, "the run id")
     collectives.check_shared_output_dir(accelerator, output_dir, run_id)
-    if accelerator.is_main_process:
-        write_resolved(run, output_dir)
+    # a write that can fail (a full disk) on the main process alone: agreed, so no rank waits
+    collectives.on_main_process(accelerator, "writing the resolved config", lambda: write_resolved(run, output_dir))
     return run_id
 
 
