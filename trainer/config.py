@@ -88,7 +88,7 @@ class TrainingSection:
     #: the trackers' project ("": the output directory's name); tensorboard writes under
     #: OUTPUT/tensorboard/<project_name>
     project_name: str = ""
-    #: the run's name in trackers that name runs (wandb, mlflow, aim, ...; "": theirs)
+    #: the run's name in trackers that take one (wandb, mlflow; "": theirs)
     run_name: str = ""
     #: keyword arguments of each tracker's start, by tracker name (accelerate's init_kwargs),
     #: e.g. {wandb: {entity: my-team, tags: [ring]}}

@@ -25,9 +25,9 @@ def resolve_trackers(names: list[str]) -> list[str]:
     return list(dict.fromkeys(resolved))
 
 
-#: the keyword that names a run when a tracker starts, by tracker (tensorboard names its
-#: directory after the project instead)
-RUN_NAME_KEYS = {"wandb": "name", "mlflow": "run_name", "aim": "run_name", "comet_ml": "experiment_name"}
+#: the keyword that names a run when a tracker starts, by tracker (accelerate passes the rest
+#: of a tracker's init_kwargs on; tensorboard, aim and comet take the project as the run's name)
+RUN_NAME_KEYS = {"wandb": "name", "mlflow": "run_name"}
 
 
 def tracker_settings(cfg: Config, trackers: list[str]) -> tuple[str, dict[str, dict[str, Any]]]:
