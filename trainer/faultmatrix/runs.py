@@ -4,7 +4,6 @@ user would (1 process, accelerate launch or torchrun), and what the scenarios ch
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -15,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from trainer.testing import ROOT, launch_command, launch_env
+from trainer.testing import ROOT, launch_command, launch_env, records
 
 #: seconds a run may take before the matrix kills it and reports a hang
 HARD_TIMEOUT = 180
@@ -121,9 +120,8 @@ class Run:
         raise TimeoutError("the ranks did not start training")
 
     def records(self, split: str) -> list[dict[str, Any]]:
-        path = self.out / "metrics.jsonl"
-        lines = path.read_text().splitlines() if path.is_file() else []
-        return [r for r in map(json.loads, lines) if r["split"] == split]
+        """The run's records of ``split``; none when it wrote no metrics.jsonl."""
+        return records(self.out, split) if (self.out / "metrics.jsonl").is_file() else []
 
     def on_disk(self) -> str:
         if not self.out.exists():
