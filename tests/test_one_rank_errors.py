@@ -122,3 +122,24 @@ def test_a_task_that_differs_between_ranks_is_named_on_every_rank(tmp_path, unev
         assert f"Faults returns different {CONTRACT_BREAKS[uneven]} on different ranks" in line, line
         assert "rank 1:" in line and ("extra" in line or "2 dims" in line), line
     assert "]: Traceback" not in result.stderr  # no worker traceback (the launcher prints its own)
+
+
+def fit_in_process(config: str) -> None:
+    from trainer.config import load_config
+    from trainer.loop import Trainer
+
+    Trainer(load_config(config), device="cpu").fit()
+
+
+@pytest.mark.timeout(120)
+def test_an_error_on_one_rank_ends_a_run_under_accelerates_debug_launcher(tmp_path):
+    # debug_launcher forms the group on a file, with MASTER_PORT pointing at no server: the
+    # ranks' notice board must use that file (a TCP client waited there until its timeout)
+    from accelerate import debug_launcher
+
+    options = {"raise_in": "generate", "raise_rank": 1, "raise_call": 3, "raise_error": "OutOfMemoryError"}
+    config = faulty_run(tmp_path, options)[1]
+    start = time.monotonic()
+    with pytest.raises(Exception, match="OutOfMemoryError: injected in generate on rank 1"):
+        debug_launcher(fit_in_process, (config,), num_processes=2)
+    assert time.monotonic() - start < 60

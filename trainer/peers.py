@@ -41,6 +41,8 @@ STOP_TIMEOUT_EXIT_CODE = 1
 FAILURE_KEY = "failure"
 READ_KEY = "failure-read"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: set by accelerate's debug_launcher: the file its process group rendezvoused on
+DEBUG_RENDEZVOUS_FILE = "ACCELERATE_DEBUG_RDV_FILE"
 
 
 def _connect(timeout_s: float):
@@ -48,14 +50,20 @@ def _connect(timeout_s: float):
     prefix; None outside a launched job."""
     import torch.distributed as dist
 
-    if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
+    if os.environ.get(DEBUG_RENDEZVOUS_FILE):
+        # accelerate's debug_launcher forms the group on a FileStore and sets MASTER_PORT to a
+        # port nobody serves: a TCP client would wait there until its timeout. The group's own
+        # store is that file (torch has no public accessor for it; FileStore is thread-safe).
+        store = dist.distributed_c10d._get_default_store()
+    elif "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=timedelta(seconds=timeout_s),
+        )
+    else:
         return None
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        is_master=False,
-        timeout=timedelta(seconds=timeout_s),
-    )
     return dist.PrefixStore(f"{round_prefix()}/notices", store)
 
 
