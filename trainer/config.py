@@ -63,6 +63,8 @@ class TrainingSection:
     max_steps: int = 1000
     batch_size: int = 64
     gradient_accumulation_steps: int = 1
+    #: discriminator optimizer steps per generator step; 0: the discriminator is frozen, a
+    #: fixed reward model (no optimizer, no gradients, not wrapped by DDP)
     d_steps_per_g_step: int = 1
     eval_every: int = 500
     save_every: int = 1000
@@ -236,7 +238,6 @@ def validate(cfg: Config, source: str) -> None:
         "max_steps",
         "batch_size",
         "gradient_accumulation_steps",
-        "d_steps_per_g_step",
         "eval_every",
         "save_every",
         "log_every",
@@ -245,6 +246,13 @@ def validate(cfg: Config, source: str) -> None:
         "r1_interval",
     ):
         _require(getattr(t, name) >= 1, source, f"training.{name}", "must be at least 1")
+    _require(t.d_steps_per_g_step >= 0, source, "training.d_steps_per_g_step", "must be 0 (frozen) or more")
+    _require(
+        t.d_steps_per_g_step > 0 or t.objective != "discriminator",
+        source,
+        "training.d_steps_per_g_step",
+        "is 0 (a frozen discriminator) with training.objective discriminator, which trains nothing",
+    )
     _require(t.num_workers >= 0, source, "training.num_workers", "must be 0 or more")
     _require(t.max_time >= 0, source, "training.max_time", "must be 0 (no limit) or more")
     _require(t.gp_weight >= 0, source, "training.gp_weight", "must be 0 or more")

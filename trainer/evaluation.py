@@ -60,6 +60,7 @@ def evaluate(
     every rank acts on exactly the same numbers (best checkpoint, logging).
     """
     bare_g, bare_d = accelerator.unwrap_model(generator), accelerator.unwrap_model(discriminator)
+    modes = bare_g.training, bare_d.training  # a frozen discriminator stays in eval mode
     bare_g.eval()
     bare_d.eval()
     chunks = []
@@ -90,8 +91,8 @@ def evaluate(
             chunks.append({key: value.cpu() for key, value in gathered.items()})
     finally:
         bar.close()
-        bare_g.train()
-        bare_d.train()
+        bare_g.train(modes[0])
+        bare_d.train(modes[1])
     outputs = concatenate(chunks, task.eval_pad_value)
     metrics: dict[str, Any] = dict(task.eval_metrics(outputs))
     metrics["num_samples"] = len(next(iter(outputs.values())))

@@ -163,11 +163,17 @@ class Trainer(RunOutputs):
         # the average starts as a copy of the generator before accelerate wraps it
         self.ema = GeneratorEma(generator, t.ema_decay, t.ema_start, t.ema_warmup, acc.device) if t.ema_decay else None
         opt_g, sched_g = setup.optimization(cfg.optim.generator, generator, t.max_steps)
-        opt_d, sched_d = setup.optimization(cfg.optim.discriminator, discriminator, t.max_steps * t.d_steps_per_g_step)
         train_loader, eval_loader = setup.loaders(task, cfg, train_set, eval_set)
-        (generator, discriminator, opt_g, opt_d, sched_g, sched_d, train_loader, self.eval_loader) = acc.prepare(
-            generator, discriminator, opt_g, opt_d, sched_g, sched_d, train_loader, eval_loader
+        generator, opt_g, sched_g, train_loader, self.eval_loader = acc.prepare(
+            generator, opt_g, sched_g, train_loader, eval_loader
         )
+        if t.d_steps_per_g_step:
+            d_steps = t.max_steps * t.d_steps_per_g_step
+            opt_d, sched_d = setup.optimization(cfg.optim.discriminator, discriminator, d_steps)
+            discriminator, opt_d, sched_d = acc.prepare(discriminator, opt_d, sched_d)
+        else:  # a fixed reward model: on the device (and under autocast), no DDP, no optimizer
+            discriminator = acc.prepare_model(discriminator.requires_grad_(False).eval(), evaluation_mode=True)
+            opt_d = sched_d = None
         if len(train_loader) == 0:
             raise DataError(
                 f"{cfg.data.path or 'data.train_size'}: {len(train_set)} training samples are fewer than "

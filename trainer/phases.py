@@ -51,6 +51,7 @@ class Phase:
     #: the prepared (possibly DDP-wrapped) model, and the bare module inside it
     model: nn.Module
     bare: nn.Module
+    #: None for a frozen model (a fixed reward model): the phase never runs
     optimizer: Any
     scheduler: Any
     max_grad_norm: float
@@ -120,7 +121,10 @@ class Phase:
         return None
 
     def log_values(self) -> dict[str, Any]:
-        """The learning rate, last gradient norm and counters, for the train record."""
+        """The learning rate, last gradient norm and counters, for the train record (none for a
+        frozen model)."""
+        if self.optimizer is None:
+            return {}
         return {
             f"lr_{self.name}": self.scheduler.get_last_lr()[0],
             f"grad_norm_{self.name}": self.grad_norm,
