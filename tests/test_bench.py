@@ -24,3 +24,45 @@ def test_bench_loop_prints_a_row_per_process_count():
     for _, plain, trainer, ratio, plain_mb, trainer_mb in rows:
         assert float(plain) > 0 and float(trainer) > 0 and float(ratio) > 0
         assert int(plain_mb) > 0 and int(trainer_mb) > 0
+
+
+@pytest.mark.timeout(300)
+def test_mixture_seeds_prints_the_mean_and_range_of_each_variant(tmp_path):
+    import json
+
+    from helpers import records, write_run
+
+    config = write_run(tmp_path, {"training": {"ema_decay": 0.5}})
+    out = tmp_path / "seeds"
+    # the "no EMA" runs are already there (finished: final/ exists), with known last evals
+    known = {
+        0: {"modes": 8, "high_quality": 0.9, "reverse_kl": 0.01},
+        1: {"modes": 7, "high_quality": 0.8, "reverse_kl": 0.04},
+    }
+    for seed, last in known.items():
+        (out / "no_EMA" / f"seed-{seed}" / "final").mkdir(parents=True)
+        lines = [{"step": 2, "split": "eval", "modes": 1, "high_quality": 0.0, "reverse_kl": 2.0}]
+        lines.append({"step": 4, "split": "eval", **last})
+        (out / "no_EMA" / f"seed-{seed}" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    command = [sys.executable, str(ROOT / "scripts" / "mixture_seeds.py"), str(config), "--seeds", "0", "1"]
+    command += ["--jobs", "2", "--output-dir", str(out), "--variant", "no EMA:training.ema_decay=0"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    rows = {line[:18].strip(): line[18:].split() for line in done.stdout.splitlines()[2:]}
+    assert list(rows) == ["as configured", "no EMA", "PacGAN2 (paper)"], done.stdout
+    # the configured runs ran (one process each) and their eval scored the average
+    finals = [records(out / "as_configured" / f"seed-{seed}", "eval")[-1] for seed in (0, 1)]
+    assert [f["generator"] for f in finals] == ["ema", "ema"]
+    assert rows["as configured"][0] == f"{(finals[0]['modes'] + finals[1]['modes']) / 2:.1f}"
+    assert rows["no EMA"] == [
+        "7.5",
+        "[7.0,",
+        "8.0]",
+        "0.8500",
+        "[0.8000,",
+        "0.9000]",
+        "0.0250",
+        "[0.0100,",
+        "0.0400]",
+        "1/2",
+    ]

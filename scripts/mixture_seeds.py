@@ -1,0 +1,123 @@
+"""The ring or the grid over several seeds, with and without variants of the config, as a table
+beside PacGAN's (Lin et al., 2018, Table 1).
+
+    python scripts/mixture_seeds.py configs/training/ring.yaml                  # seeds 0-9, as configured
+    python scripts/mixture_seeds.py configs/training/ring.yaml \\
+        --variant "no EMA:training.ema_decay=0" --seeds 0 1 2 --jobs 2
+
+Each run is `scripts/train_stage2.py` in its own process with one thread, `--jobs` of them side
+by side, into OUTPUT/LABEL/seed-N (log beside it, as seed-N.log); a run whose `final/` is
+already there is read, not run again. Rows give the mean and the range [min, max] over the
+seeds of `modes`, `high_quality` and `reverse_kl` at the last eval, and how many seeds reach
+every mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from statistics import mean
+
+ROOT = Path(__file__).resolve().parent.parent
+METRICS = ("modes", "high_quality", "reverse_kl")
+#: PacGAN's best row per mixture: modes, high-quality share, reverse KL
+PACGAN = {"ring": ("PacGAN2", 7.9, 0.956, 0.07), "grid": ("PacGAN4", 24.8, 0.936, 0.04)}
+#: glibc keeps freed tensors instead of faulting them in again each step (see README, Benchmark)
+ONE_THREAD = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "MALLOC_MMAP_THRESHOLD_": "1073741824",
+    "MALLOC_TRIM_THRESHOLD_": "1073741824",
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mixture_seeds", description=__doc__.split("\n\n")[0])
+    p.add_argument("config", help="a gaussian_mixture training config, e.g. configs/training/ring.yaml")
+    p.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
+    p.add_argument("--jobs", type=int, default=2, help="runs side by side, one thread each")
+    p.add_argument("--output-dir", default=None, help="default: outputs/seeds/<config name>")
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="LABEL:KEY=VALUE[,KEY=VALUE]",
+        help="a second row of runs with these overrides (repeatable); the config as it is comes first",
+    )
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=value")
+    return p
+
+
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """``"no EMA:training.ema_decay=0"`` -> ``("no EMA", ["training.ema_decay=0"])``."""
+    label, sep, overrides = text.partition(":")
+    if not sep or not label.strip() or "=" not in overrides:
+        raise SystemExit(f"--variant {text!r}: expected LABEL:KEY=VALUE[,KEY=VALUE]")
+    return label.strip(), [o.strip() for o in overrides.split(",") if o.strip()]
+
+
+def last_eval(run_dir: Path) -> dict[str, float]:
+    """The last eval record of a finished run."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    evals = [r for r in map(json.loads, filter(str.strip, lines)) if r.get("split") == "eval"]
+    if not evals:
+        raise SystemExit(f"{run_dir / 'metrics.jsonl'}: no eval record")
+    return evals[-1]
+
+
+def run_one(config: str, run_dir: Path, seed: int, overrides: list[str]) -> dict[str, float]:
+    """One seed of one variant: trained unless its final export is there, then its last eval."""
+    if not (run_dir / "final").is_dir():
+        command = [sys.executable, str(ROOT / "scripts" / "train_stage2.py"), "--config", config]
+        command += ["--device", "cpu", "--output-dir", str(run_dir), "--set", f"training.seed={seed}"]
+        for override in overrides:
+            command += ["--set", override]
+        log = run_dir.with_suffix(".log")
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("w") as out:
+            done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **ONE_THREAD})
+        if done.returncode != 0:
+            raise SystemExit(f"seed {seed} ({run_dir}) exited {done.returncode}; see {log}")
+    return last_eval(run_dir)
+
+
+def row(label: str, finals: list[dict[str, float]]) -> str:
+    """Mean [min, max] of each metric over the seeds, and the seeds that reached every mode."""
+    cells = []
+    for metric in METRICS:
+        values = [f[metric] for f in finals]
+        digits = ".1f" if metric == "modes" else ".4f"
+        cells.append(f"{mean(values):{digits}} [{min(values):{digits}}, {max(values):{digits}}]".rjust(28))
+    return f"{label:18}" + "".join(cells)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    import yaml
+
+    mixture = yaml.safe_load(Path(args.config).read_text())["task_options"]["mixture"]
+    out = Path(args.output_dir or f"outputs/seeds/{Path(args.config).stem}")
+    variants = [("as configured", []), *map(parse_variant, args.variant)]
+    jobs = [(label, seed, [*args.overrides, *overrides]) for label, overrides in variants for seed in args.seeds]
+    folder = {label: label.replace(" ", "_").replace("/", "_") for label, _ in variants}
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        finals = list(pool.map(lambda j: run_one(args.config, out / folder[j[0]] / f"seed-{j[1]}", j[1], j[2]), jobs))
+    print(f"{args.config}, seeds {' '.join(map(str, args.seeds))}, last eval: mean [min, max]")
+    print(f"{'':18}" + "".join(f"{m:>28}" for m in METRICS) + "   seeds with every mode")
+    modes_all = 8 if mixture == "ring" else 25
+    for i, (label, _) in enumerate(variants):
+        per_seed = finals[i * len(args.seeds) : (i + 1) * len(args.seeds)]
+        every = sum(f["modes"] == modes_all for f in per_seed)
+        print(row(label, per_seed) + f"   {every}/{len(per_seed)}")
+    name, modes, quality, kl = PACGAN[mixture]
+    print(f"{name + ' (paper)':18}{modes:>28.1f}{quality:>28.4f}{kl:>28.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
