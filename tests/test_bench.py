@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -24,6 +25,30 @@ def test_bench_loop_prints_a_row_per_process_count():
     for _, plain, trainer, ratio, plain_mb, trainer_mb in rows:
         assert float(plain) > 0 and float(trainer) > 0 and float(ratio) > 0
         assert int(plain_mb) > 0 and int(trainer_mb) > 0
+
+
+@pytest.mark.timeout(600)
+def test_the_gpu_check_runs_its_parts_on_the_cpu(tmp_path):
+    # every part of scripts/gpu_check.sh on the CPU over gloo, a few steps each; on a GPU the
+    # same script runs them in bf16 over NCCL
+    out = tmp_path / "gpu_check"
+    bench = "--sizes tiny --steps 2 --warmup 1 --sampling-rounds 2 --threads 1"
+    environment = {**os.environ, "DEVICE": "cpu", "STEPS": "4", "OUT": str(out), "BENCH_ARGS": bench}
+    environment["PYTHON"] = sys.executable
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh")],
+        capture_output=True, text=True, timeout=580, env=environment,
+    )  # fmt: skip
+    logs = "".join(f"\n--- {log.name}\n{log.read_text()[-2000:]}" for log in sorted(out.glob("*.log")))
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:] + logs
+    table = done.stdout[done.stdout.index("check ") :]
+    assert "doctor (rank 0): verdict: OK" in table and "group of one: gloo all_reduce 16 MB" in table, table
+    for name in ("ring, bf16", "text stage 2, bf16", "bench_text tiny, trainer", "bench_text tiny, trl"):
+        row = next(line for line in table.splitlines() if line.startswith(name))
+        numbers = [float(word) for word in row[len(name) :].split() if word != "-"]
+        assert numbers and all(n > 0 for n in numbers), row
+    assert re.search(r"ratio trainer/trl: [\d.]+$", table, re.M), table
+    assert re.search(r"checkpoint save\+load: trainer [\d.]+ s", table), table
 
 
 @pytest.mark.timeout(300)

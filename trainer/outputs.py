@@ -146,6 +146,7 @@ class RunOutputs:
 
     def save(self) -> None:
         """Write a checkpoint of the whole run (every rank takes part)."""
+        began = time.monotonic()
         with self._outside_throughput(), HEARTBEAT.long_work("checkpoint write"):
             path = self.checkpoints.save()
-        logger.info(f"saved {path}")
+        logger.info(f"saved {path} in {time.monotonic() - began:.2f} s")
