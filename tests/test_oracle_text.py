@@ -245,12 +245,19 @@ def test_main_job_runs_both_stages_and_prints_the_table(tmp_path):
     stage1 = write_oracle_run(tmp_path, {"training": {"max_steps": 2}}, "stage1.yaml")
     stage2 = write_oracle_run(tmp_path, {"training": {"max_steps": 2}}, "stage2.yaml")
     args = ["--stage1-config", str(stage1), "--stage2-config", str(stage2), "--output-dir", str(tmp_path / "job")]
+    args += ["--stage2-seeds", "2"]
     result = check(launch([*args, "--device", "cpu"], 1, script=ROOT / "scripts" / "run_oracle.py"))
-    lines = result.stdout.strip().splitlines()[-4:]
+    lines = result.stdout.strip().splitlines()[-6:]
     assert lines[0].split() == ["nll_oracle", "nll_test", "d_accuracy"]
-    assert lines[1].startswith("stage 1") and lines[2].startswith("stage 2") and lines[3].startswith("change")
-    for role in ("generator", "discriminator"):
-        assert (tmp_path / "job" / "stage2" / "final" / role / "config.json").is_file()
+    assert lines[1].startswith("stage 1") and lines[2].startswith("stage 2")
+    assert lines[2].endswith("mean of seeds 5 6")  # write_oracle_run's seed is 5
+    assert lines[3].startswith("  seed 5") and lines[4].startswith("  seed 6") and lines[5].startswith("change")
+    seeds = [float(line.split()[2]) for line in lines[3:5]]
+    assert float(lines[2].split()[2]) == pytest.approx(sum(seeds) / 2, abs=1e-4)  # the mean of nll_oracle
+    for run in ("stage2", "stage2-seed-6"):
+        for role in ("generator", "discriminator"):
+            assert (tmp_path / "job" / run / "final" / role / "config.json").is_file()
+    assert yaml.safe_load((tmp_path / "job" / "stage2-seed-6" / "config.yaml").read_text())["training"]["seed"] == 6
     stage2_config = yaml.safe_load((tmp_path / "job" / "stage2" / "config.yaml").read_text())
     assert stage2_config["init"]["generator"] == str(tmp_path / "job" / "stage1" / "best" / "generator")
 

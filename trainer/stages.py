@@ -39,6 +39,9 @@ class StageResult:
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: the cause of an agreed stop (then later runs did not start), else None
     stopped: str | None = None
+    #: fit_pipeline: the seeds of its stage-2 runs ("stage 2" is the first's metrics, then
+    #: "stage 2, seed N")
+    stage2_seeds: list[int] = field(default_factory=list)
 
 
 def prepare_run(what: str, build: Callable[[], RunConfig]) -> RunConfig:
@@ -136,8 +139,12 @@ def fit_pipeline(
     device: str = "auto",
     resume: str | None = None,
     overwrite: bool = False,
+    stage2_seeds: int = 1,
 ) -> StageResult:
-    """Stage 1 into ``OUTPUT/stage1``, then stage 2 from its best pair into ``OUTPUT/stage2``.
+    """Stage 1 into ``OUTPUT/stage1``, then stage 2 from its best pair into ``OUTPUT/stage2``;
+    with ``stage2_seeds`` above 1, stage 2 again from the same pair with the next seeds
+    (``training.seed`` + 1, + 2, ...) into ``OUTPUT/stage2-seed-N``: how much one seed's
+    stage 2 says.
 
     ``overrides`` (``--set`` strings) apply to every run of both stages.
     """
@@ -155,4 +162,17 @@ def fit_pipeline(
     run = prepare_run("stage 2", lambda: load_config(stage2_config, stage2_overrides(), output_dir=out / "stage2"))
     metrics, result.stopped = fit_run(run, device, resume, overwrite)
     result.metrics["stage 2"] = metrics
+    first_seed = run.config.training.seed
+    result.stage2_seeds.append(first_seed)
+    for seed in range(first_seed + 1, first_seed + stage2_seeds):
+        if result.stopped:
+            break
+
+        def build(seed: int = seed) -> RunConfig:
+            seeded = {**stage2_overrides(), "training.seed": seed}
+            return load_config(stage2_config, seeded, output_dir=out / f"stage2-seed-{seed}")
+
+        run = prepare_run(f"stage 2, seed {seed}", build)
+        result.metrics[f"stage 2, seed {seed}"], result.stopped = fit_run(run, device, resume, overwrite)
+        result.stage2_seeds.append(seed)
     return result
