@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The version floors of setup.cfg, tested: a second environment with exactly the lowest
-# versions setup.cfg admits, then the resume, agreement, start-up, fault and text-recipe tests in it.
+# versions setup.cfg admits, then the resume, agreement, start-up, fault, text-recipe, EMA and
+# frozen-discriminator tests in it.
 #
 #     bash scripts/check_floors.sh [VENV_DIR]        (default: .venv-floors)
 #
@@ -32,4 +33,5 @@ echo "floor environment:"
 pip list 2>/dev/null | grep -i -E '^(torch|accelerate|transformers|datasets|safetensors|pyyaml|tqdm) '
 export OMP_NUM_THREADS=1
 python -m pytest -q -p no:cacheprovider tests/test_resume.py tests/test_agreement.py tests/test_startup.py \
-    tests/test_one_rank_errors.py tests/test_run_ownership.py tests/test_faults.py tests/test_text.py
+    tests/test_one_rank_errors.py tests/test_run_ownership.py tests/test_faults.py tests/test_text.py \
+    tests/test_ema.py tests/test_frozen_discriminator.py

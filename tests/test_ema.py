@@ -30,6 +30,21 @@ def test_the_average_follows_its_formula(warmup):
     assert not any(p.requires_grad for p in ema.averaged.parameters())
 
 
+def test_buffers_that_are_not_floating_point_follow_the_model():
+    # BatchNorm's step counter (int64) and a boolean mask (GPT-2's causal mask in transformers
+    # 4.x): not averaged, copied; only floating-point state moves by 1 - decay
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    model.register_buffer("mask", torch.zeros(2, dtype=torch.bool))
+    ema = GeneratorEma(model, decay=0.9, start=0, warmup=False, device=torch.device("cpu"))
+    before = ema.model[1].running_mean.clone()
+    model(torch.randn(8, 2))  # moves running_mean and counts one batch
+    model.mask.fill_(True)
+    ema.update(model, 1)
+    assert int(ema.model[1].num_batches_tracked) == 1 and bool(ema.model.mask.all())
+    expected = 0.9 * before + 0.1 * model[1].running_mean
+    assert torch.allclose(ema.model[1].running_mean, expected)
+
+
 @pytest.mark.timeout(120)
 def test_the_eval_scores_the_average_and_both_generators_are_exported(tmp_path):
     training = {"ema_decay": 0.5, "max_steps": 4, "eval_every": 2, "best_metric": "reverse_kl"}

@@ -39,6 +39,12 @@ class GeneratorEma:
         return self.averaged.module
 
     def _average(self, averaged: list[torch.Tensor], current: list[torch.Tensor], _: torch.Tensor) -> None:
+        """One group of tensors of one dtype (AveragedModel groups them by device and dtype)."""
+        if not averaged[0].is_floating_point():
+            # counters and masks (BatchNorm's num_batches_tracked, a boolean attention mask)
+            # follow the model: an average of them means nothing, and lerp rejects them
+            torch._foreach_copy_(averaged, current)
+            return
         decay = min(self.decay, (1 + self.updates) / (10 + self.updates)) if self.warmup else self.decay
         torch._foreach_lerp_(averaged, current, 1 - decay)  # as torch's get_ema_multi_avg_fn
 
