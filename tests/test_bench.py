@@ -49,6 +49,8 @@ def test_the_gpu_check_runs_its_parts_on_the_cpu(tmp_path):
         assert numbers and all(n > 0 for n in numbers), row
     assert re.search(r"ratio trainer/trl: [\d.]+$", table, re.M), table
     assert re.search(r"checkpoint save\+load: trainer [\d.]+ s", table), table
+    # the trainer's flush of its files, timed inside its own saves
+    assert re.search(r"flushing its files to disk before the rename that publishes them [\d.]+ s", table), table
 
 
 @pytest.mark.timeout(300)
