@@ -1,6 +1,6 @@
 """The main job: stage 1 then stage 2 of the oracle_text recipe, then the metric table.
 
-    python scripts/run_oracle.py                      # small default size, CPU, ~10 minutes
+    python scripts/run_oracle.py                      # small default size, CPU, ~7 minutes
     python scripts/run_oracle.py --full               # the SeqGAN-size benchmark (hours on a CPU)
     python scripts/run_oracle.py --oracle ../shared/data/seqgan_oracle.safetensors
 

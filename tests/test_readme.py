@@ -33,6 +33,10 @@ COVERED = {
     "(restart_accelerate, run by tests/test_faults.py) restarts the same command on CPUs",
     "bash scripts/check_floors.sh": "not in CI: it installs torch 2.6 (a 3 GB CUDA build); the README "
     "records its last result",
+    'pip install -e ".[bench]"': ".ci/run installs the dev extra, which holds the bench extra's TRL",
+    "python scripts/bench_text.py": "a benchmark (minutes); tests/test_bench.py runs it at the tiny size "
+    "through scripts/gpu_check.sh",
+    "bash scripts/gpu_check.sh": "needs a GPU; tests/test_bench.py runs it with DEVICE=cpu",
     "PYTHONPATH=. accelerate launch --config_file accelerate_configs/8gpu.yaml --num_processes 2 "
     "scripts/train_stage2.py --config two_peaks.yaml --device cpu": "tests/test_custom_task.py",
 }
@@ -68,8 +72,17 @@ ORACLE_TINY = [
     "--set=stage1.discriminator.training.max_steps=2",
 ]
 
+#: mixture_seeds at a tiny size: one seed, a few steps (its variant runs too)
+MIXTURE_TINY = ["--seeds", "0", "--set", "training.max_steps=4", "--set", "training.eval_every=2"]
+
 #: commands run here: the extra arguments that shrink them (an output directory is added)
 RUN = {
+    'python scripts/mixture_seeds.py configs/training/ring.yaml --variant "no EMA:training.ema_decay=0" --jobs 2': (
+        MIXTURE_TINY
+    ),
+    'python scripts/mixture_seeds.py configs/training/grid.yaml --variant "no EMA:training.ema_decay=0" --jobs 2': (
+        MIXTURE_TINY
+    ),
     "python scripts/run_oracle.py --device cpu": ORACLE_TINY,
     "python scripts/train_stage1.py --device cpu": ORACLE_TINY,
     "python scripts/train_stage2.py --config configs/training/ring.yaml --device cpu": RING_DEBUG,
@@ -141,6 +154,11 @@ def test_readme_command_runs(tmp_path, command):
         assert (tmp_path / "out" / "stage2" / "final" / "generator" / "config.json").is_file()
     elif "stage1" in command:
         assert (tmp_path / "out" / "best" / "discriminator" / "config.json").is_file()
+    elif "mixture_seeds" in command:
+        rows = [line.split()[:2] for line in result.stdout.splitlines()[2:]]
+        assert [row[0] for row in rows] == ["as", "no", "PacGAN2" if "ring" in command else "PacGAN4"], result.stdout
+        for variant in ("as_configured", "no_EMA"):
+            assert {r["world_size"] for r in records(tmp_path / "out" / variant / "seed-0")} == {1}
     else:
         processes = 2 if ("torchrun" in command or "launch" in command) else 1
         assert {r["world_size"] for r in records(tmp_path / "out")} == {processes}
