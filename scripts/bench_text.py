@@ -243,6 +243,8 @@ def run_checkpoint(args: argparse.Namespace, paths: dict[str, Path], run_dir: Pa
     same state dicts: median seconds of 5 alternating rounds each, each round's seconds, bytes
     written, and the trainer's share spent flushing its files to disk (its durability, which
     ``torch.save`` lacks)."""
+    from unittest import mock
+
     import torch
 
     import trainer.checkpoint
@@ -256,8 +258,11 @@ def run_checkpoint(args: argparse.Namespace, paths: dict[str, Path], run_dir: Pa
         fsync_tree(root)
         flush_seconds.append(time.perf_counter() - began)
 
-    trainer.checkpoint.fsync_tree = timed_fsync_tree  # save_checkpoint looks it up at each call
-    with Trainer(trainer_config(args, paths, run_dir, d_steps_per_g_step=1), device=args.device).start() as run:
+    # save_checkpoint looks fsync_tree up at each call
+    with (
+        mock.patch.object(trainer.checkpoint, "fsync_tree", timed_fsync_tree),
+        Trainer(trainer_config(args, paths, run_dir, d_steps_per_g_step=1), device=args.device).start() as run,
+    ):
         run.train_step()
         phases = (run.g, run.d)
 
@@ -288,7 +293,6 @@ def run_checkpoint(args: argparse.Namespace, paths: dict[str, Path], run_dir: Pa
             for name, measure in (("trainer", trainer_round), ("torch", torch_round)):
                 os.sync()
                 rounds[name].append(measure())
-    trainer.checkpoint.fsync_tree = fsync_tree
     result: dict[str, Any] = {"trainer_fsync_s": statistics.median(flush_seconds)}
     for name, values in rounds.items():
         result[f"{name}_s"] = statistics.median(seconds for seconds, _ in values)
