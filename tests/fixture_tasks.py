@@ -155,3 +155,44 @@ class RankLengthOracle(OracleTextTask):
             "generated_width": generated.shape[1],
             "shortest": int(lengths.min()),
         }
+
+
+class ModeRecorder(torch.nn.Module):
+    """A model with BatchNorm and dropout on its output that records, at every forward, the
+    part of the run that called it (:attr:`ModeWatch.where`) and the modes of its modules."""
+
+    def __init__(self, role: str, body: torch.nn.Module, features: int) -> None:
+        super().__init__()
+        self.role = role
+        self.body = body
+        self.norm = torch.nn.BatchNorm1d(features)
+        self.dropout = torch.nn.Dropout(0.2)
+
+    def forward(self, inputs):
+        ModeWatch.seen.append((ModeWatch.where, self.role, sorted({m.training for m in self.modules()})))
+        return self.dropout(self.norm(self.body(inputs)))
+
+
+class ModeWatch(GaussianMixtureTask):
+    """The ring recipe whose builders return models in eval mode, as ``from_pretrained`` does,
+    each with BatchNorm and dropout, recording the modes every forward saw (:class:`ModeRecorder`)."""
+
+    seen: ClassVar[list[tuple[str, str, list[bool]]]] = []
+    #: "eval" inside eval_outputs, else "training"
+    where = "training"
+
+    def build_generator(self):
+        return ModeRecorder("generator", super().build_generator(), 2).eval()
+
+    def build_discriminator(self):
+        return ModeRecorder("discriminator", super().build_discriminator(), 1).eval()
+
+    def eval_outputs(self, generator, discriminator, batch):
+        ModeWatch.where = "eval"
+        try:
+            outputs = super().eval_outputs(generator, discriminator, batch)
+            # the discriminator too, so that its mode in the eval is seen
+            outputs["score"] = discriminator(outputs["fake"]).reshape(-1).float()
+            return outputs
+        finally:
+            ModeWatch.where = "training"

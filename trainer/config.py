@@ -34,6 +34,9 @@ class ModelSection:
     dtype: Literal["float32", "bfloat16"] = "float32"
     #: transformers recipes: recompute activations in backward (less memory, more time)
     gradient_checkpointing: bool = False
+    #: every dropout probability of both models set to 0 (TRL's name), so that a policy
+    #: gradient samples and scores under one distribution
+    disable_dropout: bool = False
 
 
 @dataclass

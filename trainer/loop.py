@@ -160,6 +160,7 @@ class Trainer(RunOutputs):
         generator, discriminator, train_set, eval_set = collectives.main_process_first(
             acc, "reading the models and data", lambda: setup.read_inputs(task, cfg.init)
         )
+        setup.set_modes(generator, discriminator, t, cfg.model.disable_dropout)
         # the average starts as a copy of the generator before accelerate wraps it
         self.ema = GeneratorEma(generator, t.ema_decay, t.ema_start, t.ema_warmup, acc.device) if t.ema_decay else None
         opt_g, sched_g = setup.optimization(cfg.optim.generator, generator, t.max_steps)
@@ -172,7 +173,7 @@ class Trainer(RunOutputs):
             opt_d, sched_d = setup.optimization(cfg.optim.discriminator, discriminator, d_steps)
             discriminator, opt_d, sched_d = acc.prepare(discriminator, opt_d, sched_d)
         else:  # a fixed reward model: on the device (and under autocast), no DDP, no optimizer
-            discriminator = acc.prepare_model(discriminator.requires_grad_(False).eval(), evaluation_mode=True)
+            discriminator = acc.prepare_model(discriminator.requires_grad_(False), evaluation_mode=True)
             opt_d = sched_d = None
         if len(train_loader) == 0:
             raise DataError(

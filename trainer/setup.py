@@ -18,7 +18,7 @@ from torch import nn
 from transformers import get_scheduler
 
 from trainer import checkpoint, collectives
-from trainer.config import Config, InitSection, OptimizerSection, RunConfig
+from trainer.config import Config, InitSection, OptimizerSection, RunConfig, TrainingSection
 from trainer.errors import CheckpointError
 from trainer.model_configs import is_model_source
 from trainer.phases import build_optimizer
@@ -83,6 +83,28 @@ def read_inputs(task: Task, init: InitSection) -> tuple[nn.Module, nn.Module, An
     generator = load_model(task, init.generator, "generator", task.build_generator)
     discriminator = load_model(task, init.discriminator, "discriminator", task.build_discriminator)
     return generator, discriminator, task.train_dataset(), task.eval_dataset()
+
+
+#: dropout modules: their ``p`` is the probability; transformers' attention kernels take theirs
+#: from a float attribute instead (``attention_dropout``: Llama, Mistral, Qwen and their kin)
+DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+
+
+def set_modes(generator: nn.Module, discriminator: nn.Module, training: TrainingSection, disable_dropout: bool) -> None:
+    """Each model in the mode of its use in training: train mode for a model the run trains
+    (dropout on, BatchNorm on the batch's statistics), eval mode for one it holds fixed (the
+    generator of a stage-1 discriminator run, a frozen discriminator, the discriminator of an
+    MLE run). ``from_pretrained`` and a user's builders may return either; the eval switches
+    to eval mode and back. ``disable_dropout``: every dropout probability of both models 0."""
+    generator.train(training.objective != "discriminator")
+    discriminator.train(training.objective != "mle" and training.d_steps_per_g_step > 0)
+    if not disable_dropout:
+        return
+    for module in (*generator.modules(), *discriminator.modules()):
+        if isinstance(module, DROPOUT_MODULES):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
 
 
 def loaders(task: Task, cfg: Config, train_set: Any, eval_set: Any) -> tuple[Any, Any]:
