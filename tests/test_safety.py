@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from helpers import ROOT, check, env, launch, write_run
+from helpers import ROOT, TESTS, check, env, launch, write_run
 from safetensors.torch import load_file
 
 from trainer.checkpoint import read_legacy_state_dict
@@ -79,7 +79,7 @@ WATCHED = """
 import sys, time
 from pathlib import Path
 from trainer.watchdog import HEARTBEAT, Watchdog
-with Watchdog(1.0, Path(sys.argv[1]), rank=3):
+with Watchdog(1.0, Path(sys.argv[1]), rank=3), HEARTBEAT.inside("a call"):
     HEARTBEAT.beat("discriminator phase", 7)
     HEARTBEAT.collective_entered("all_reduce (per-step agreement)")
     time.sleep(30)
@@ -143,3 +143,33 @@ def test_doctor_fails_on_a_bad_config_and_unwritable_dir(tmp_path):
     assert verdicts and all("FAILED" in v for v in verdicts), result.stdout
     assert "configs parse failed on rank(s) 0, 1" in verdicts[0]
     assert "output directory writable failed on rank(s) 0, 1" in verdicts[0]
+
+
+DRIVER = TESTS / "drive_steps.py"
+#: the stall bound of the pause tests, and a pause well past it
+PAUSE_BOUND_S, PAUSE_S = 3, 8
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_pause_between_the_callers_steps_is_not_a_stall(tmp_path, processes):
+    config = write_run(tmp_path, {"distributed": {"watchdog_s": PAUSE_BOUND_S}})
+    result = launch([str(config), str(PAUSE_S), "between"], processes, script=DRIVER, timeout=100)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count(f"world size {processes}, step 4") == processes
+    assert not list((tmp_path / "out").glob("stall-rank*.txt"))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_stall_inside_a_step_is_still_caught(tmp_path, processes):
+    config = write_run(tmp_path, {"distributed": {"watchdog_s": PAUSE_BOUND_S}})
+    result = launch([str(config), str(PAUSE_S * 4), "inside"], processes, script=DRIVER, timeout=100)
+    assert result.returncode != 0
+    stalled = [line for line in result.stderr.splitlines() if "stalled for" in line]
+    # the sleeping rank names the phase it is really in: the generator phase of the second
+    # step (the heartbeat counts the steps done)
+    last = processes - 1
+    mine = [line for line in stalled if f"error (rank {last}): stalled for" in line]
+    assert mine and "generator phase at step 1" in mine[0], result.stderr[-3000:]
+    assert (tmp_path / "out" / f"stall-rank{last}.txt").is_file()

@@ -32,7 +32,13 @@ def write_text_run(tmp: Path, paths: dict[str, Path], config: dict[str, Any] | N
     base: dict[str, Any] = {
         "task": "text",
         "output_dir": str(tmp / "out"),
-        "model": {"generator_config": str(paths["model"]), "discriminator_config": "generator"},
+        # as the shipped text configs: without dropout, so that the KL to the reference (scored
+        # in eval mode) starts at 0 (the example's models have transformers' default 0.1)
+        "model": {
+            "generator_config": str(paths["model"]),
+            "discriminator_config": "generator",
+            "disable_dropout": True,
+        },
         "data": {"train_files": str(paths["train"]), "eval_files": str(paths["eval"]), "cache_dir": str(tmp / "cache")},
         "task_options": {"max_length": 24, "max_new_tokens": 12, "write_samples": 3},
         "training": {"max_steps": 4, "batch_size": 4, "eval_every": 2, "save_every": 2, "log_every": 1, "seed": 3},

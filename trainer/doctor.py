@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     from trainer import collectives, world
     from trainer.config import Config, load_config
-    from trainer.watchdog import Watchdog
+    from trainer.watchdog import HEARTBEAT, Watchdog
 
     config_problem = ""
     cfg = Config()
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             say(f"{name}: ok")
 
-    with Watchdog(args.timeout, output_dir, me):
+    with Watchdog(args.timeout, output_dir, me), HEARTBEAT.inside("the doctor's checks"):
         say(world.describe_rank(accelerator))
         say(
             f"world {accelerator.num_processes} ({accelerator.distributed_type.value}), backend "

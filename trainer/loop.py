@@ -33,7 +33,7 @@ from trainer.outputs import RunOutputs
 from trainer.phases import BatchStream, Phase, frozen
 from trainer.tasks import Task, load_task
 from trainer.tasks.base import Penalties
-from trainer.watchdog import HEARTBEAT, Watchdog
+from trainer.watchdog import HEARTBEAT, Watchdog, watched
 
 logger = get_logger("trainer")
 
@@ -96,6 +96,7 @@ class Trainer(RunOutputs):
         self._window_step = 0
 
     # -- the lifecycle -------------------------------------------------------------------------
+    @watched
     def start(self, training: bool = True) -> Trainer:
         """Build the run on this rank: the accelerator, models, data, optimizers and the state
         (from the checkpoint ``resume`` names). With ``training`` off (eval only) nothing is
@@ -117,6 +118,7 @@ class Trainer(RunOutputs):
         self._window_step = self.state.step
         return self
 
+    @watched
     def close(self) -> None:
         """End the run on this rank: the watchdog and the signal handlers stop, and the
         accelerator is released (a later run in this process starts clean)."""
@@ -290,6 +292,7 @@ class Trainer(RunOutputs):
         error.agreed = True
         raise error
 
+    @watched
     def train_step(self) -> str | None:
         """One optimizer step on every rank: the D phases, then the G phase (stage 1 trains one
         model alone, see ``training.objective``). Returns the cause of a stop asked on any rank
@@ -313,6 +316,7 @@ class Trainer(RunOutputs):
         return "a stop signal" if signalled else "training.max_time" if time_up else None
 
     # -- the loop ----------------------------------------------------------------------------
+    @watched
     def fit(self) -> dict[str, Any]:
         """Train to ``training.max_steps`` (or an agreed stop); returns the last eval metrics.
 
@@ -353,6 +357,7 @@ class Trainer(RunOutputs):
                 tracker.finish()
         return last_eval
 
+    @watched
     def step(self) -> dict[str, Any] | None:
         """One step of :meth:`fit`: :meth:`train_step`, then the train log, eval and checkpoint
         due after it; the eval's metrics when one ran. A stop asked on any rank (a signal,
@@ -375,6 +380,7 @@ class Trainer(RunOutputs):
             self.save()
         return metrics
 
+    @watched
     def evaluate(self, source: str | Path | None = None) -> dict[str, Any]:
         """Score the eval set once and return the metrics, writing nothing.
 

@@ -25,7 +25,7 @@ from trainer.evaluation import evaluate
 from trainer.metrics import MetricsLog
 from trainer.phases import Phase
 from trainer.tasks import Task
-from trainer.watchdog import HEARTBEAT
+from trainer.watchdog import HEARTBEAT, watched
 
 logger = get_logger("trainer")
 
@@ -63,6 +63,7 @@ class RunOutputs:
         alone, the same on every rank (the log all-reduces the losses)."""
         return step % self.config.training.log_every == 0
 
+    @watched
     def log(self) -> None:
         """The train record of the steps since the last one: mean losses, averaged over ranks
         (one reduce), and steps/s over the training time (evals and checkpoints excluded).
@@ -99,6 +100,7 @@ class RunOutputs:
             rate = f", {values['steps_per_s']:.2f} steps/s" if values["steps_per_s"] else ""
             logger.info(f"step {self.state.step}/{t.max_steps}: {losses}{rate}")
 
+    @watched
     def score(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         """The eval of the generator the run ships (the average, when ``training.ema_decay``
         is on: then the metrics say ``"generator": "ema"``) against the discriminator."""
@@ -106,6 +108,7 @@ class RunOutputs:
         metrics, outputs = evaluate(self.accelerator, self.task, generator, self.d.model, self.eval_loader)
         return (metrics if self.ema is None else {**metrics, "generator": "ema"}), outputs
 
+    @watched
     def run_eval(self) -> dict[str, Any]:
         """Score the eval set on every rank, write the eval record (the main process: samples,
         plots) and, when ``training.best_metric`` improves, export ``best/``; the metrics."""
@@ -131,6 +134,7 @@ class RunOutputs:
             logger.info(f"eval at step {state.step}: {metrics}")
             return metrics
 
+    @watched
     def export(self, name: str) -> None:
         """Write both models to ``OUTPUT/<name>/`` (the main process; every rank waits); with
         the average on, ``generator/`` is the average and ``generator_raw/`` the trained weights."""
@@ -144,6 +148,7 @@ class RunOutputs:
                 checkpoint.export_model(self.accelerator, model, self.output_dir / name / directory, extras)
             collectives.barrier(self.accelerator, f"after writing {name}/")
 
+    @watched
     def save(self) -> None:
         """Write a checkpoint of the whole run (every rank takes part)."""
         began = time.monotonic()

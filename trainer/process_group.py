@@ -143,7 +143,8 @@ def startup_bound(timeout_s: float) -> Iterator[None]:
 
     timer = threading.Timer(timeout_s + STARTUP_SLACK_S, expire)
     timer.daemon = True
-    HEARTBEAT.beat(f"forming the process group through the store at {store_address()}")
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    HEARTBEAT.beat(f"forming the process group through the store at {store_address()}" if launched else "start-up")
     timer.start()
     try:
         yield

@@ -1,27 +1,33 @@
 """Stall detection: a rank that makes no progress for a bound writes its stacks and exits.
 
 The loop and the collectives feed one process-wide :data:`HEARTBEAT` (the phase, the step,
-the last collective entered); a daemon thread checks it. When a rank stalls, its watchdog
-writes every thread's Python stack to ``OUTPUT/stall-rank{R}.txt``, prints one line and ends
-the process with exit status 4, so that the launcher ends the other ranks. A rank frozen from
-outside (SIGSTOP) cannot report itself; the ranks waiting for it in a collective do.
+the last collective entered); a daemon thread checks it. Its clock runs only inside the
+trainer's own calls (:meth:`Heartbeat.inside`): a caller that pauses between two ``step()``
+calls (a notebook user reading a plot, a benchmark timing something else) is not a stall.
+When a rank stalls, its watchdog writes every thread's Python stack to
+``OUTPUT/stall-rank{R}.txt``, prints one line and ends the process with exit status 4, so that
+the launcher ends the other ranks. A rank frozen from outside (SIGSTOP) cannot report itself;
+the ranks waiting for it in a collective do.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 from trainer.errors import print_error_line
 
 STALL_EXIT_CODE = 4
+T = TypeVar("T")
 
 
 class Heartbeat:
@@ -33,6 +39,8 @@ class Heartbeat:
         self.step = 0
         self.collective = "none yet"
         self.allowance = 1.0
+        #: how deep the main thread is in the trainer's own calls; 0: the clock is stopped
+        self.depth = 0
 
     def beat(self, phase: str | None = None, step: int | None = None) -> None:
         """Progress was made (optionally in a new phase or step)."""
@@ -46,6 +54,29 @@ class Heartbeat:
         """Record the collective this rank is about to enter (for the stall report)."""
         self.collective = name
         self.last = time.monotonic()
+
+    @contextlib.contextmanager
+    def inside(self, call: str) -> Iterator[None]:
+        """One of the trainer's own calls (``start``, ``step``, ``fit``, ...): the clock runs
+        from its start to its end; between the outermost calls it is stopped, and the phase
+        says so."""
+        outermost = self.depth == 0
+        if outermost:
+            # the clock restarts before the depth says it runs, so the watchdog thread never
+            # sees a running clock with the time of the pause on it
+            self.beat(call)
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if outermost:
+                self.beat(f"the caller's code, after {call}")
+
+    @property
+    def running(self) -> bool:
+        """Whether the clock runs (the main thread is inside one of the trainer's calls)."""
+        return self.depth > 0
 
     @contextlib.contextmanager
     def long_work(self, phase: str, factor: float = 10.0) -> Iterator[None]:
@@ -62,6 +93,18 @@ class Heartbeat:
 
 
 HEARTBEAT = Heartbeat()
+
+
+def watched(method: Callable[..., T]) -> Callable[..., T]:
+    """A method that is one of the trainer's own calls: the stall clock runs inside it (see
+    :meth:`Heartbeat.inside`)."""
+
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> T:
+        with HEARTBEAT.inside(method.__qualname__):
+            return method(*args, **kwargs)
+
+    return call
 
 
 def stack_report(heartbeat: Heartbeat, rank: int, idle_s: float) -> str:
@@ -108,8 +151,10 @@ class Watchdog:
     def _watch(self) -> None:
         period = min(1.0, self.limit_s / 10)
         while not self._stop.wait(period):
+            if not self.heartbeat.running:
+                continue
             idle = time.monotonic() - self.heartbeat.last
-            if idle > self.limit_s * self.heartbeat.allowance:
+            if idle > self.limit_s * self.heartbeat.allowance and self.heartbeat.running:
                 self._report_and_exit(idle)
 
     def _report_and_exit(self, idle: float) -> None:
