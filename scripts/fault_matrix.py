@@ -2,7 +2,8 @@
 
     python scripts/fault_matrix.py [--processes 1 2 4] [--scenarios NAME ...] [--repeat N]
 
-The scenarios and their bounds are in trainer/faultmatrix/.
+The scenarios and their bounds are in trainer/faultmatrix/. In the scenarios of two simulated
+nodes (two_nodes*), --processes counts the processes of each node.
 """
 
 from __future__ import annotations
@@ -35,10 +36,6 @@ def main() -> None:
             flush=True,
         )
     sys.exit(1 if failures else 0)
-
-
-if __name__ == "__main__":
-    main()
 
 
 if __name__ == "__main__":

@@ -121,3 +121,42 @@ def test_a_later_run_takes_the_existing_groups_backend(tmp_path, monkeypatch):
         assert form_process_group("auto", 5) is True
     finally:
         torch.distributed.destroy_process_group()
+
+
+def agree_in_threads(store, world_size: int, late: int, delay_s: float) -> list[str]:
+    """Every rank's agreed round name, each rank a thread; rank ``late`` starts ``delay_s`` late."""
+    import threading
+
+    from trainer.process_group import agree_on_round
+
+    names: list[str | None] = [None] * world_size
+
+    def rank_thread(rank: int) -> None:
+        if rank == late:
+            time.sleep(delay_s)
+        names[rank] = agree_on_round(store, rank, world_size, timeout_s=20)
+
+    threads = [threading.Thread(target=rank_thread, args=(rank,)) for rank in range(world_size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return names
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("late", [0, 1, 2])
+def test_restarted_ranks_agree_on_a_new_round_whatever_the_earlier_rounds_left(late):
+    """A store that keeps every earlier round's questions and answers (the elastic agent's, shared
+    by every round of workers): each later round agrees on one name, new each time, whichever
+    rank starts late (rank 0 then reads the earlier round's questions first, or the others
+    its answers)."""
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    seen = []
+    for _ in range(3):
+        names = agree_in_threads(store, 3, late, 0.2)
+        assert len(set(names)) == 1 and names[0] is not None, names
+        seen.append(names[0])
+    assert len(set(seen)) == 3

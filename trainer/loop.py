@@ -108,6 +108,7 @@ class Trainer(RunOutputs):
             self._build_accelerator()
             self._session.enter_context(self.watchdog)
             self._session.enter_context(self.signals)
+            self._session.enter_context(peers.run_in_progress())
             self.stopped = None
             with HEARTBEAT.long_work("start-up"):
                 self._setup(training)
@@ -391,7 +392,7 @@ class Trainer(RunOutputs):
         ensure_logging()
         try:
             self._build_accelerator()
-            with self.watchdog, HEARTBEAT.long_work("evaluation"):
+            with self.watchdog, peers.run_in_progress(), HEARTBEAT.long_work("evaluation"):
                 if source is not None:
                     self.config, self.resume = setup.evaluation_source(self.accelerator, self.config, Path(source))
                 self._setup(training=False)

@@ -21,6 +21,7 @@ import contextlib
 import os
 import select
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -38,6 +39,13 @@ POLL_S = 0.5
 READ_WAIT_S = 5.0
 #: exit status of a rank that could not reach the agreed stop in time
 STOP_TIMEOUT_EXIT_CODE = 1
+#: exit status of a rank whose peer ended without a notice
+PEER_LOST_EXIT_CODE = 1
+#: seconds a rank that lost the store waits for its own run to end before it reports the loss:
+#: at the end of a run the store's host may exit while this rank is still closing
+LOST_STORE_GRACE_S = 2.0
+#: what torch's and gloo's errors say when the other end of a connection is gone
+LOST_CONNECTION = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused")
 FAILURE_KEY = "failure"
 READ_KEY = "failure-read"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -67,6 +75,21 @@ def _connect(timeout_s: float):
     return dist.PrefixStore(f"{round_prefix()}/notices", store)
 
 
+def _sentinel(timeout_s: float) -> socket.socket | None:
+    """A plain connection to the store's server that carries nothing: it reads as closed once
+    the server's process is gone (a rank's, or a node's agent), which tells this rank without a
+    store call. A store call on a dead connection prints torch's C++ warning with twenty stack
+    frames before it raises. None where the store is not a TCP server."""
+    if os.environ.get(DEBUG_RENDEZVOUS_FILE) or "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
+        return None
+    try:
+        sock = socket.create_connection((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])), timeout_s)
+    except (OSError, ValueError):
+        return None
+    sock.setblocking(False)
+    return sock
+
+
 class PeerWatch:
     """The notice board of a launched job and the thread that watches it and the stop signals.
 
@@ -78,7 +101,12 @@ class PeerWatch:
         self.rank, self.world_size = rank, world_size
         self.stop_grace_s = stop_grace_s
         self.store = _connect(timeout_s) if world_size > 1 else None
+        self.sentinel = _sentinel(timeout_s) if self.store is not None else None
         self.failing = False  # this rank is reporting its own failure: other notices are moot
+        #: a run is in progress on this rank (between Trainer.start and close): a store that
+        #: goes away then means a peer was lost
+        self.armed = False
+        self._said = threading.Lock()  # one line of a lost peer, from either thread
         self.stop_since: float | None = None
         self.stop_signal = ""
         self._read_fd, self._write_fd = os.pipe()
@@ -95,10 +123,15 @@ class PeerWatch:
         first, since the others exit once they read the notice and the launcher then ends this
         rank, then post the notice and return None."""
         self.failing = True
-        notice = self._notice()
+        notice = None if self._store_gone() else self._notice()
         if notice is not None and int(notice[0]) != self.rank:
             self._obey(notice)
             return int(notice[1])
+        if lost_peer(exc):
+            # No notice: the peer died without a word (SIGKILL, the OOM killer, a lost node).
+            # Not posted either: every other survivor sees the same loss and says it itself.
+            self.say_peer_lost()
+            return PEER_LOST_EXIT_CODE
         announce()
         self._post(exc)
         return None
@@ -106,7 +139,7 @@ class PeerWatch:
     def _post(self, exc: BaseException) -> None:
         """Tell every other rank that this one failed, and why; wait (a few seconds at most)
         until they have read it."""
-        if self.store is None:
+        if self._store_gone():
             return
         code = exc.exit_code if isinstance(exc, UserError) else 1
         text = " ".join(str(exc).split())[:300] or "(no message)"
@@ -137,17 +170,23 @@ class PeerWatch:
             os.write(self._write_fd, b"\0")  # wakes the select at once
         self._thread.join(timeout=2 * POLL_S + 1)
         self.store = None
+        if self.sentinel is not None:
+            self.sentinel.close()
+            self.sentinel = None
         if not self._thread.is_alive():
             os.close(self._read_fd)
             os.close(self._write_fd)
 
     def _watch(self) -> None:
         while not self._closing.is_set():
-            ready, _, _ = select.select([self._read_fd], [], [], POLL_S)
+            sentinel = [self.sentinel] if self.store is not None and self.sentinel is not None else []
+            ready, _, _ = select.select([self._read_fd, *sentinel], [], [], POLL_S)
             if self._closing.is_set():
                 return
-            if ready:
+            if self._read_fd in ready:
                 self._read_signals()
+            if sentinel and sentinel[0] in ready and not self.failing:
+                self._store_lost()
             if self.stop_since is not None and time.monotonic() - self.stop_since > self.stop_grace_s:
                 print_error_line(
                     f"error (rank {self.rank}): {self.stop_signal} received {self.stop_grace_s:g} s ago "
@@ -163,23 +202,64 @@ class PeerWatch:
             if number in STOP_SIGNALS and self.stop_since is None and self.stop_grace_s > 0:
                 self.stop_since, self.stop_signal = time.monotonic(), signal.Signals(number).name
 
+    def say_peer_lost(self) -> None:
+        """Print, once per process, the line of a peer that ended without a notice."""
+        if self._said.acquire(blocking=False):
+            print_error_line(
+                f"error (rank {self.rank}): a peer ended without a notice (killed or lost) while this rank "
+                f"was in {HEARTBEAT.collective} ({HEARTBEAT.phase}) at step {HEARTBEAT.step}"
+            )
+
+    def _store_gone(self) -> bool:
+        """Whether the store is known to be unreachable (none, or its server gone: the sentinel
+        reads as closed; the server never writes to it otherwise)."""
+        if self.store is None:
+            return True
+        if self.sentinel is None:
+            return False
+        readable, _, _ = select.select([self.sentinel], [], [], 0)
+        return bool(readable)
+
     def _notice(self) -> list[str] | None:
-        """The posted failure: rank, exit status, phase, error (None when there is none)."""
+        """The posted failure: rank, exit status, phase, error (None when there is none, or
+        when the store is gone)."""
         try:
-            if self.store is None or not self.store.check([FAILURE_KEY]):
-                return None
-            return self.store.get(FAILURE_KEY).decode().split("\t", 3)
-        except Exception:  # the store's host is gone: the launcher ends this rank
+            return self._read_board()
+        except Exception:
             return None
+
+    def _read_board(self) -> list[str] | None:
+        """:meth:`_notice`, raising when the store cannot be reached."""
+        if self.store is None or not self.store.check([FAILURE_KEY]):
+            return None
+        return self.store.get(FAILURE_KEY).decode().split("\t", 3)
+
+    def _store_lost(self) -> None:
+        """The store's host (a rank's process, or the agent of a node) is gone without a notice.
+        During a run that is a lost peer: this rank says so and exits, unless its run ends
+        within LOST_STORE_GRACE_S (then the host simply finished first). The store is not read
+        again either way."""
+        self.store = None
+        deadline = time.monotonic() + LOST_STORE_GRACE_S
+        while self.armed and time.monotonic() < deadline and not self._closing.is_set():
+            time.sleep(0.05)
+        if self.armed and not self.failing and not self._closing.is_set():
+            self.say_peer_lost()
+            os._exit(PEER_LOST_EXIT_CODE)
 
     def _obey(self, notice: list[str]) -> None:
         rank, _, phase, error = notice
         print_error_line(f"error (rank {self.rank}): rank {rank} failed in {phase}: {error}")
-        with contextlib.suppress(Exception):
-            self.store.add(READ_KEY, 1)
+        if not self._store_gone():
+            with contextlib.suppress(Exception):
+                self.store.add(READ_KEY, 1)
 
     def _read_notice(self) -> None:
-        notice = self._notice()
+        try:
+            notice = self._read_board()
+        except Exception:
+            self._store_lost()
+            return
         if notice is None or int(notice[0]) == self.rank or self.failing:
             return
         self._obey(notice)
@@ -197,6 +277,27 @@ def start_watch(rank: int, world_size: int, stop_grace_s: float, timeout_s: floa
         WATCH = PeerWatch(rank, world_size, stop_grace_s, timeout_s)
     WATCH.stop_grace_s = stop_grace_s
     return WATCH
+
+
+@contextlib.contextmanager
+def run_in_progress() -> Iterator[None]:
+    """While inside (a run on this rank), a notice board that goes away means a lost peer."""
+    if WATCH is None:
+        yield
+        return
+    WATCH.armed = True
+    try:
+        yield
+    finally:
+        WATCH.armed = False
+
+
+def lost_peer(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective's or a store's error because the other end is gone."""
+    import torch.distributed as dist
+
+    text = str(exc)
+    return isinstance(exc, (dist.DistError, RuntimeError)) and any(words in text for words in LOST_CONNECTION)
 
 
 def close_watch() -> None:

@@ -4,14 +4,16 @@ every rank, and a bound on how long start-up may take.
 Why a key space of its own. Under ``torchrun --max-restarts N`` and ``accelerate launch
 --max_restarts N`` torch's elastic agent hosts one TCPStore for the whole job and hands it to
 every round of workers (``TORCHELASTIC_USE_AGENT_STORE=True``); torch's env:// rendezvous then
-connects the restarted workers to that same store without a per-round prefix (its comment in
-``torch/distributed/rendezvous.py`` assumes "a new TCPStore for every retry"). The default
+connects the restarted workers to that same store without a per-round prefix. The default
 group's keys (gloo's listening addresses, NCCL's unique id) are named the same in every round,
-so a restarted worker can read the previous round's address before its peer has written the
-new one: measured here, gloo's ``connectFullMesh`` then fails with "Connection refused" or
-waits past every timeout. The trainer forms the group itself on a ``PrefixStore`` named after
-``TORCHELASTIC_RESTART_COUNT``, and the Accelerator takes that group as it is. Forming it
-itself also lets the ranks agree on the backend first (see :func:`agree_on_device`).
+so a restarted worker could read the previous round's address before its peer wrote the new
+one (measured: gloo's ``connectFullMesh`` failed with "Connection refused" or waited past
+every timeout). The round cannot be named after ``TORCHELASTIC_RESTART_COUNT``: on several
+nodes each agent counts its own restarts (an agent restarted because another node failed does
+not count it), so the nodes' names differ and the restarted group never forms. So the ranks
+agree on a name first (:func:`agree_on_round`), form the group under it, and the Accelerator
+takes that group as it is. Forming it itself also lets the ranks agree on the backend first
+(see :func:`agree_on_device`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import contextlib
 import os
 import socket
 import threading
+import time
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -42,14 +46,60 @@ def store_address() -> str:
     return f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
 
 
+#: the round's name every rank of this process's group agreed on (see :func:`agree_on_round`)
+ROUND_NAME: str | None = None
+#: keys of the round agreement on the launcher's store
+ROUND_KEYS = "trainer/rounds"
+#: seconds between two reads of the store while the ranks agree on the round
+ROUND_POLL_S = 0.01
+
+
 def round_prefix() -> str:
-    """The store prefix of this launch round: the restart count names it."""
-    return f"trainer/restart-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    """The store prefix of this launch round: the name its ranks agreed on."""
+    return f"trainer/round-{ROUND_NAME}"
 
 
-def in_elastic_round() -> bool:
-    """Whether this worker was started by torch's elastic agent, on the agent's shared store."""
-    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+def agree_on_round(store: torch.distributed.Store, rank: int, world_size: int, timeout_s: float) -> str:
+    """A name for this round of workers: the same on every rank, new in every round.
+
+    Rank 0 draws it and hands it to each rank in answer to a question that only this round's
+    process of that rank can ask (a random token): the store may still hold an earlier round's
+    questions and answers (the workers of a round are all gone before the next round starts,
+    but their keys stay), and an answer to another token is never taken. Rank 0 answers each
+    new question it reads until every rank has confirmed, under the new name, that it has it.
+    """
+    deadline = time.monotonic() + timeout_s
+
+    def wait_a_little(what: str) -> None:
+        if time.monotonic() > deadline:
+            raise StartupError(f"rank {rank}: no agreement on the launch round within {timeout_s:g} s ({what})")
+        time.sleep(ROUND_POLL_S)
+
+    if rank == 0:
+        name = uuid.uuid4().hex
+        answered: dict[int, bytes] = {}
+        unconfirmed = set(range(1, world_size))
+        while unconfirmed:
+            for peer in sorted(unconfirmed):
+                if store.check([f"{ROUND_KEYS}/{name}/has/{peer}"]):
+                    unconfirmed.discard(peer)
+                elif store.check([f"{ROUND_KEYS}/question/{peer}"]):
+                    question = store.get(f"{ROUND_KEYS}/question/{peer}")
+                    if answered.get(peer) != question:
+                        store.set(f"{ROUND_KEYS}/answer/{peer}", question + b" " + name.encode())
+                        answered[peer] = question
+            if unconfirmed:
+                wait_a_little(f"waiting for rank(s) {', '.join(map(str, sorted(unconfirmed)))}")
+        return name
+    question = uuid.uuid4().hex
+    store.set(f"{ROUND_KEYS}/question/{rank}", question)
+    while True:
+        if store.check([f"{ROUND_KEYS}/answer/{rank}"]):
+            asked, _, name = store.get(f"{ROUND_KEYS}/answer/{rank}").decode().partition(" ")
+            if asked == question:
+                store.set(f"{ROUND_KEYS}/{name}/has/{rank}", "1")
+                return name
+        wait_a_little("waiting for rank 0")
 
 
 def local_device(device: str) -> bool:
@@ -103,10 +153,7 @@ def form_process_group(device: str, timeout_s: float) -> bool:
 
     The store is torch's env:// one: the elastic agent's store under ``torchrun`` and
     ``accelerate launch``, else one hosted by rank 0. When a group exists (a later run of a
-    pipeline) its backend decides; outside a launched job, this process's view of ``--device``. The
-    restart count is the same for every worker of a single-node job (one agent restarts them
-    all); on several nodes each agent counts its own restarts, see the README ("Automatic
-    restarts").
+    pipeline) its backend decides; outside a launched job, this process's view of ``--device``.
     """
     if torch.distributed.is_initialized():  # agreed when it formed: its backend says
         return torch.distributed.get_backend() == "gloo"
@@ -115,6 +162,9 @@ def form_process_group(device: str, timeout_s: float) -> bool:
     timeout = timedelta(seconds=timeout_s)
     HEARTBEAT.beat(f"connecting to the launcher's store at {store_address()}")
     launcher_store, rank, world_size = next(torch.distributed.rendezvous("env://", timeout=timeout))
+    HEARTBEAT.beat(f"agreeing on the launch round through {store_address()}")
+    global ROUND_NAME
+    ROUND_NAME = agree_on_round(launcher_store, rank, world_size, timeout_s)
     store = torch.distributed.PrefixStore(round_prefix(), launcher_store)
     HEARTBEAT.beat(f"agreeing on the device through {store_address()}")
     cpu = agree_on_device(device, store, rank, world_size)

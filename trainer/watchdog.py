@@ -68,10 +68,12 @@ class Heartbeat:
         self.depth += 1
         try:
             yield
-        finally:
-            self.depth -= 1
-            if outermost:
-                self.beat(f"the caller's code, after {call}")
+        except BaseException:
+            self.depth -= 1  # the phase stays where the error left it, for its report
+            raise
+        self.depth -= 1
+        if outermost:
+            self.beat(f"the caller's code, after {call}")
 
     @property
     def running(self) -> bool:

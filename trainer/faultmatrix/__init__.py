@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from trainer.faultmatrix import input_faults, rank_faults
+from trainer.faultmatrix import input_faults, node_faults, rank_faults
 from trainer.faultmatrix.runs import Outcome
 
 SCENARIOS: dict[str, Callable[[Path, int], Outcome]] = {
@@ -37,7 +37,15 @@ SCENARIOS: dict[str, Callable[[Path, int], Outcome]] = {
     "output_not_shared": input_faults.output_not_shared,
     "restart_torchrun": rank_faults.restart_after_kill("torchrun"),
     "restart_accelerate": rank_faults.restart_after_kill("accelerate"),
+    "two_nodes": node_faults.plain_run,
+    "two_nodes_restart": node_faults.restart_after_lost_worker,
+    "two_nodes_lose_first": node_faults.lost_node("first"),
+    "two_nodes_lose_last": node_faults.lost_node("last"),
 }
+
+
+#: the scenarios of two simulated nodes: their ``processes`` counts the ranks of each node
+NODE_SCENARIOS = tuple(name for name in SCENARIOS if name.startswith("two_nodes"))
 
 
 def run_scenario(name: str, processes: int, work: Path | None = None) -> Outcome:

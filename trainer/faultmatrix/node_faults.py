@@ -1,0 +1,191 @@
+"""Faults of a job on two nodes, simulated on this machine: two ``torchrun`` agents started side
+by side (``--nnodes 2 --rdzv_backend c10d``, one rendezvous endpoint), each with its own
+workers, as a cluster's nodes meet. With ``processes`` N the job has 2N ranks, N per node."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from trainer.faultmatrix.runs import (
+    HARD_TIMEOUT,
+    Outcome,
+    Run,
+    alive,
+    error_lines,
+    same_as_uninterrupted,
+    wait,
+)
+from trainer.testing import ROOT, SCRIPT, free_port
+
+#: the first line of a C++ warning or error a worker logs ("[rank1]:[W1204 ... TCPStore.cpp:125]
+#: ...", then its stack frames); the agents' own have no rank prefix
+WORKER_CPP_LOG = re.compile(r"^\[rank\d+\]:\[[WE]\d{4} ", re.MULTILINE)
+
+
+def worker_noise(stderr: str) -> bool:
+    """Whether a worker printed a traceback (a frame in the trainer or its script) or a C++
+    warning with its stack. The surviving agent's own traceback and C++ warnings (its
+    rendezvous store was on the lost node) are the launcher's, all in torch."""
+    frames = [line for line in stderr.splitlines() if line.lstrip().startswith('File "')]
+    return bool(WORKER_CPP_LOG.search(stderr)) or any("/trainer/" in line or "/scripts/" in line for line in frames)
+
+
+class TwoNodes:
+    """One job of two simulated nodes running ``run``'s config (``run.processes`` = both nodes'
+    ranks), under torchrun's elastic agent with ``max_restarts``, in the environment of a
+    launcher (plus ``env``)."""
+
+    def __init__(self, run: Run, max_restarts: int = 0, env: dict[str, str] | None = None) -> None:
+        self.run, self.max_restarts = run, max_restarts
+        self.per_node = run.processes // 2
+        self.extra_env = env or {}
+        self.endpoint = f"127.0.0.1:{free_port()}"
+        self.job_id = uuid.uuid4().hex[:8]
+
+    def command(self, *extra: str) -> list[str]:
+        return [
+            sys.executable, "-m", "torch.distributed.run",
+            "--nnodes", "2", "--nproc_per_node", str(self.per_node),
+            "--rdzv_backend", "c10d", "--rdzv_endpoint", self.endpoint, "--rdzv_id", self.job_id,
+            "--max-restarts", str(self.max_restarts),
+            str(SCRIPT), *self.run.args, *extra,
+        ]  # fmt: skip
+
+    def start(self, *extra: str) -> list[subprocess.Popen]:
+        """Both agents, each in a session of its own (a node: killing its group kills the node)."""
+        for old in self.run.pids.iterdir():
+            old.unlink()
+        agents = []
+        for _ in range(2):
+            agents.append(
+                subprocess.Popen(
+                    self.command(*extra),
+                    cwd=ROOT,
+                    env=self.run.env() | self.extra_env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    start_new_session=True,
+                )
+            )
+            time.sleep(0.3)  # the first agent hosts the rendezvous store
+        return agents
+
+    def finish(self, agents: list[subprocess.Popen]) -> list[tuple[int, str, str]]:
+        """Wait for both agents (a hang is killed and reported as exit -999), their workers too."""
+        ends = [wait(agent, HARD_TIMEOUT) for agent in agents]
+        for pid_file in self.run.pids.glob("rank*.pid"):
+            with contextlib.suppress(ValueError, OSError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        return ends
+
+    def run_to_end(self, *extra: str) -> tuple[list[tuple[int, str, str]], float]:
+        start = time.monotonic()
+        ends = self.finish(self.start(*extra))
+        return ends, time.monotonic() - start
+
+
+def parent(pid: int) -> int:
+    """The parent process of ``pid`` (0 when it is gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _exits(ends: list[tuple[int, str, str]]) -> str:
+    return "exit " + "/".join(str(code) for code, _, _ in ends)
+
+
+def _tail(ends: list[tuple[int, str, str]]) -> str:
+    return " | " + " / ".join(line for _, _, err in ends for line in err.strip().splitlines()[-2:])[-400:]
+
+
+def plain_run(work: Path, processes: int) -> Outcome:
+    """Two nodes, no fault: both agents exit 0, every record names the whole world."""
+    label = "two nodes, a plain run"
+    run = Run(work, 2 * processes)
+    ends, seconds = TwoNodes(run).run_to_end()
+    train = run.records("train")
+    worlds = {r["world_size"] for r in train}
+    ok = all(code == 0 for code, _, _ in ends) and bool(train) and train[-1]["step"] == 6 and worlds == {2 * processes}
+    outcome = f"{_exits(ends)}, last train step {train[-1]['step'] if train else None}, world sizes {sorted(worlds)}"
+    return Outcome(label, processes, ok, outcome if ok else outcome + _tail(ends), seconds, run.on_disk())
+
+
+def restart_after_lost_worker(work: Path, processes: int) -> Outcome:
+    """Two nodes under ``--max-restarts 1`` with the launcher's defaults (the agents' shared
+    store): the last rank's worker SIGKILLed after the first checkpoint; the agents restart
+    their workers (the one whose worker died counts restart 1, the other 0), the group forms
+    again, resumes from that checkpoint and finishes with an uninterrupted run's weights."""
+    label = "two nodes, SIGKILL one worker, --max-restarts 1"
+    training = {"max_steps": 12, "save_every": 4, "eval_every": 6}
+    whole = Run(work / "whole", 2 * processes, training=training)
+    whole.run()
+    marker = work / "killed"
+    options = {"kill_call": 7, "kill_rank": 2 * processes - 1, "kill_marker": str(marker)}
+    run = Run(work / "restarted", 2 * processes, options, training=training)
+    ends, seconds = TwoNodes(run, max_restarts=1).run_to_end("--resume", "latest")
+    train = run.records("train")
+    last = train[-1]["step"] if train else None
+    resumed = any("resumed from" in err and "step-0000004 at step 4" in err for _, _, err in ends)
+    same, weights = same_as_uninterrupted(run.out, whole.out, 2 * processes, "no final/")
+    ok = marker.exists() and all(code == 0 for code, _, _ in ends) and last == 12 and resumed and same
+    outcome = (
+        f"{'killed' if marker.exists() else 'never killed'}; {_exits(ends)}, last train step {last}, "
+        f"{'resumed from step-0000004' if resumed else 'no resume line'}; vs uninterrupted: {weights}"
+    )
+    return Outcome(label, processes, ok, outcome if ok else outcome + _tail(ends), seconds, run.on_disk())
+
+
+#: seconds from a node's loss to the end of every rank of the other node
+LOST_NODE_BOUND_S = 30.0
+
+
+def lost_node(which: str) -> Callable[[Path, int], Outcome]:
+    """Two nodes without restarts; one node lost (its agent and workers SIGKILLed): the node of
+    rank 0 (``first``: its agent hosts the workers' store, the notice board) or of the last rank
+    (``last``). Every rank of the other node ends within LOST_NODE_BOUND_S, each with one line
+    naming the peer's loss, no traceback and no C++ frames."""
+    return functools.partial(_lost_node, which)
+
+
+def _lost_node(which: str, work: Path, processes: int) -> Outcome:
+    label = f"two nodes, the node of the {'first' if which == 'first' else 'last'} rank lost (agent SIGKILLed)"
+    run = Run(work, 2 * processes, {"step_sleep_s": 0.02}, training={"max_steps": 100000, "save_every": 100000})
+    nodes = TwoNodes(run)
+    agents = nodes.start()
+    pids = run.rank_pids()
+    time.sleep(0.5)
+    # torch's agent starts each worker in a session of its own: a node is its agent and the
+    # agent's children
+    lost = next(a for a in agents if parent(pids[0 if which == "first" else 2 * processes - 1]) == a.pid)
+    survivor = next(a for a in agents if a is not lost)
+    survivors = [pid for pid in pids.values() if parent(pid) == survivor.pid]
+    start = time.monotonic()
+    for pid in [lost.pid, *(pid for pid in pids.values() if parent(pid) == lost.pid)]:
+        os.kill(pid, signal.SIGKILL)
+    code, _, stderr = wait(survivor, HARD_TIMEOUT)
+    seconds = time.monotonic() - start
+    nodes.finish([lost])
+    left = [pid for pid in survivors if alive(pid)]
+    said = [line for line in error_lines(stderr) if "a peer ended without a notice" in line]
+    noise = worker_noise(stderr)
+    ok = code != 0 and not left and seconds <= LOST_NODE_BOUND_S and len(said) == len(survivors) and not noise
+    outcome = (
+        f"other node: exit {code}, {len(left)} left, {len(said)} of {len(survivors)} rank(s) said one line"
+        f"{', traceback or C++ frames' if noise else ''}: {said[0][:110] if said else ''}"
+    )
+    if not ok:
+        outcome += " | " + " / ".join(stderr.strip().splitlines()[-4:])[-600:]
+    return Outcome(label, processes, ok, outcome, seconds, run.on_disk())
