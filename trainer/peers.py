@@ -123,15 +123,19 @@ class PeerWatch:
         first, since the others exit once they read the notice and the launcher then ends this
         rank, then post the notice and return None."""
         self.failing = True
+        if lost_peer(exc):
+            # A peer's connection closed. Had it posted a notice, it would have waited for every
+            # rank to read it before exiting, and this rank's watch thread, reading it, would
+            # have ended this process: so it died without a word (SIGKILL, the OOM killer, a
+            # lost node). No store call: a lost node may take the store's host with it, and a
+            # call to a dying server prints torch's C++ warning. Not posted either: every other
+            # survivor sees the loss and says it itself.
+            self.say_peer_lost()
+            return PEER_LOST_EXIT_CODE
         notice = None if self._store_gone() else self._notice()
         if notice is not None and int(notice[0]) != self.rank:
             self._obey(notice)
             return int(notice[1])
-        if lost_peer(exc):
-            # No notice: the peer died without a word (SIGKILL, the OOM killer, a lost node).
-            # Not posted either: every other survivor sees the same loss and says it itself.
-            self.say_peer_lost()
-            return PEER_LOST_EXIT_CODE
         announce()
         self._post(exc)
         return None
