@@ -298,10 +298,8 @@ def run_in_progress() -> Iterator[None]:
 
 def lost_peer(exc: BaseException) -> bool:
     """Whether ``exc`` is a collective's or a store's error because the other end is gone."""
-    import torch.distributed as dist
-
-    text = str(exc)
-    return isinstance(exc, (dist.DistError, RuntimeError)) and any(words in text for words in LOST_CONNECTION)
+    # torch.distributed's DistError is a RuntimeError, as gloo's errors are
+    return isinstance(exc, RuntimeError) and any(words in str(exc) for words in LOST_CONNECTION)
 
 
 def close_watch() -> None:

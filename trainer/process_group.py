@@ -42,6 +42,11 @@ def launcher_rank() -> str:
     return os.environ.get("RANK", "?")
 
 
+def launched_job() -> bool:
+    """Whether a launcher started this process as one of several (``WORLD_SIZE`` > 1)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
 def store_address() -> str:
     return f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
 
@@ -157,7 +162,7 @@ def form_process_group(device: str, timeout_s: float) -> bool:
     """
     if torch.distributed.is_initialized():  # agreed when it formed: its backend says
         return torch.distributed.get_backend() == "gloo"
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    if not launched_job():
         return local_device(device)
     timeout = timedelta(seconds=timeout_s)
     HEARTBEAT.beat(f"connecting to the launcher's store at {store_address()}")
@@ -193,13 +198,12 @@ def startup_bound(timeout_s: float) -> Iterator[None]:
 
     timer = threading.Timer(timeout_s + STARTUP_SLACK_S, expire)
     timer.daemon = True
-    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    HEARTBEAT.beat(f"forming the process group through the store at {store_address()}" if launched else "start-up")
+    HEARTBEAT.beat(f"forming the process group at {store_address()}" if launched_job() else "start-up")
     timer.start()
     try:
         yield
     except RuntimeError as exc:  # torch's DistError and gloo's errors are RuntimeErrors
-        if torch.distributed.is_initialized() or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        if torch.distributed.is_initialized() or not launched_job():
             raise
         first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         raise StartupError(

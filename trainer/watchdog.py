@@ -68,11 +68,9 @@ class Heartbeat:
         self.depth += 1
         try:
             yield
-        except BaseException:
-            self.depth -= 1  # the phase stays where the error left it, for its report
-            raise
-        self.depth -= 1
-        if outermost:
+        finally:
+            self.depth -= 1
+        if outermost:  # not reached on an error: the phase stays where it failed, for its report
             self.beat(f"the caller's code, after {call}")
 
     @property
@@ -103,6 +101,8 @@ def watched(method: Callable[..., T]) -> Callable[..., T]:
 
     @functools.wraps(method)
     def call(*args: Any, **kwargs: Any) -> T:
+        if HEARTBEAT.running:  # a part of a step, called by the step: the clock runs already
+            return method(*args, **kwargs)
         with HEARTBEAT.inside(method.__qualname__):
             return method(*args, **kwargs)
 
@@ -153,10 +153,11 @@ class Watchdog:
     def _watch(self) -> None:
         period = min(1.0, self.limit_s / 10)
         while not self._stop.wait(period):
+            # running is read before the time: a call that says it runs has restarted the clock
             if not self.heartbeat.running:
                 continue
             idle = time.monotonic() - self.heartbeat.last
-            if idle > self.limit_s * self.heartbeat.allowance and self.heartbeat.running:
+            if idle > self.limit_s * self.heartbeat.allowance:
                 self._report_and_exit(idle)
 
     def _report_and_exit(self, idle: float) -> None:
