@@ -22,7 +22,7 @@ from trainer.faultmatrix.runs import (
     Run,
     alive,
     error_lines,
-    same_as_uninterrupted,
+    restart_after_kill_outcome,
     wait,
 )
 from trainer.testing import ROOT, SCRIPT, free_port
@@ -42,13 +42,11 @@ def worker_noise(stderr: str) -> bool:
 
 class TwoNodes:
     """One job of two simulated nodes running ``run``'s config (``run.processes`` = both nodes'
-    ranks), under torchrun's elastic agent with ``max_restarts``, in the environment of a
-    launcher (plus ``env``)."""
+    ranks), under torchrun's elastic agent with ``max_restarts``, in a launcher's environment."""
 
-    def __init__(self, run: Run, max_restarts: int = 0, env: dict[str, str] | None = None) -> None:
+    def __init__(self, run: Run, max_restarts: int = 0) -> None:
         self.run, self.max_restarts = run, max_restarts
         self.per_node = run.processes // 2
-        self.extra_env = env or {}
         self.endpoint = f"127.0.0.1:{free_port()}"
         self.job_id = uuid.uuid4().hex[:8]
 
@@ -71,7 +69,7 @@ class TwoNodes:
                 subprocess.Popen(
                     self.command(*extra),
                     cwd=ROOT,
-                    env=self.run.env() | self.extra_env,
+                    env=self.run.env(),
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     text=True,
@@ -103,14 +101,6 @@ def parent(pid: int) -> int:
         return 0
 
 
-def _exits(ends: list[tuple[int, str, str]]) -> str:
-    return "exit " + "/".join(str(code) for code, _, _ in ends)
-
-
-def _tail(ends: list[tuple[int, str, str]]) -> str:
-    return " | " + " / ".join(line for _, _, err in ends for line in err.strip().splitlines()[-2:])[-400:]
-
-
 def plain_run(work: Path, processes: int) -> Outcome:
     """Two nodes, no fault: both agents exit 0, every record names the whole world."""
     label = "two nodes, a plain run"
@@ -119,33 +109,25 @@ def plain_run(work: Path, processes: int) -> Outcome:
     train = run.records("train")
     worlds = {r["world_size"] for r in train}
     ok = all(code == 0 for code, _, _ in ends) and bool(train) and train[-1]["step"] == 6 and worlds == {2 * processes}
-    outcome = f"{_exits(ends)}, last train step {train[-1]['step'] if train else None}, world sizes {sorted(worlds)}"
-    return Outcome(label, processes, ok, outcome if ok else outcome + _tail(ends), seconds, run.on_disk())
+    exits = "/".join(str(code) for code, _, _ in ends)
+    outcome = f"exit {exits}, last train step {train[-1]['step'] if train else None}, world sizes {sorted(worlds)}"
+    if not ok:
+        outcome += " | " + " / ".join(line for _, _, err in ends for line in err.strip().splitlines()[-2:])[-400:]
+    return Outcome(label, processes, ok, outcome, seconds, run.on_disk())
 
 
 def restart_after_lost_worker(work: Path, processes: int) -> Outcome:
     """Two nodes under ``--max-restarts 1`` with the launcher's defaults (the agents' shared
-    store): the last rank's worker SIGKILLed after the first checkpoint; the agents restart
-    their workers (the one whose worker died counts restart 1, the other 0), the group forms
-    again, resumes from that checkpoint and finishes with an uninterrupted run's weights."""
+    store), the last rank's worker SIGKILLed after the first checkpoint: the agents restart
+    their workers (the one whose worker died counts restart 1, the other 0), and the job goes on
+    as in restart_after_kill_outcome."""
+
+    def launch(run: Run) -> tuple[list[int], str, float]:
+        ends, seconds = TwoNodes(run, max_restarts=1).run_to_end("--resume", "latest")
+        return [code for code, _, _ in ends], "\n".join(err for _, _, err in ends), seconds
+
     label = "two nodes, SIGKILL one worker, --max-restarts 1"
-    training = {"max_steps": 12, "save_every": 4, "eval_every": 6}
-    whole = Run(work / "whole", 2 * processes, training=training)
-    whole.run()
-    marker = work / "killed"
-    options = {"kill_call": 7, "kill_rank": 2 * processes - 1, "kill_marker": str(marker)}
-    run = Run(work / "restarted", 2 * processes, options, training=training)
-    ends, seconds = TwoNodes(run, max_restarts=1).run_to_end("--resume", "latest")
-    train = run.records("train")
-    last = train[-1]["step"] if train else None
-    resumed = any("resumed from" in err and "step-0000004 at step 4" in err for _, _, err in ends)
-    same, weights = same_as_uninterrupted(run.out, whole.out, 2 * processes, "no final/")
-    ok = marker.exists() and all(code == 0 for code, _, _ in ends) and last == 12 and resumed and same
-    outcome = (
-        f"{'killed' if marker.exists() else 'never killed'}; {_exits(ends)}, last train step {last}, "
-        f"{'resumed from step-0000004' if resumed else 'no resume line'}; vs uninterrupted: {weights}"
-    )
-    return Outcome(label, processes, ok, outcome if ok else outcome + _tail(ends), seconds, run.on_disk())
+    return restart_after_kill_outcome(work, 2 * processes, label, processes, launch)
 
 
 #: seconds from a node's loss to the end of every rank of the other node
@@ -161,7 +143,7 @@ def lost_node(which: str) -> Callable[[Path, int], Outcome]:
 
 
 def _lost_node(which: str, work: Path, processes: int) -> Outcome:
-    label = f"two nodes, the node of the {'first' if which == 'first' else 'last'} rank lost (agent SIGKILLed)"
+    label = f"two nodes, the node of the {which} rank lost (agent SIGKILLed)"
     run = Run(work, 2 * processes, {"step_sleep_s": 0.02}, training={"max_steps": 100000, "save_every": 100000})
     nodes = TwoNodes(run)
     agents = nodes.start()

@@ -17,6 +17,7 @@ from trainer.faultmatrix.runs import (
     Run,
     alive,
     error_lines,
+    restart_after_kill_outcome,
     same_as_uninterrupted,
     start_long_run,
     wait,
@@ -165,28 +166,14 @@ def one_rank_collective(work: Path, processes: int) -> Outcome:
 def restart_after_kill(launcher: str) -> Callable[[Path, int], Outcome]:
     def scenario(work: Path, processes: int) -> Outcome:
         """A rank killed with SIGKILL after the first checkpoint, under the launcher's
-        --max-restarts 1 with --resume latest: the restarted workers form their group, resume
-        from that checkpoint and finish, with the weights of an uninterrupted run."""
+        --max-restarts 1 with --resume latest (see restart_after_kill_outcome)."""
+
+        def launch(run: Run) -> tuple[list[int], str, float]:
+            result, seconds = run.run("--resume", "latest")
+            return [result.returncode], result.stderr, seconds
+
         label = f"SIGKILL one rank under {launcher} --max-restarts 1"
-        training = {"max_steps": 12, "save_every": 4, "eval_every": 6}
-        whole = Run(work / "whole", processes, training=training)
-        whole.run()
-        marker = work / "killed"
-        options = {"kill_call": 7, "kill_rank": processes - 1, "kill_marker": str(marker)}
-        run = Run(work / "restarted", processes, options, launcher=launcher, max_restarts=1, training=training)
-        result, seconds = run.run("--resume", "latest")
-        train = run.records("train")
-        last = train[-1]["step"] if train else None
-        resumed = "resumed from" in result.stderr and "step-0000004 at step 4" in result.stderr
-        same, weights = same_as_uninterrupted(run.out, whole.out, processes, "no final/")
-        ok = marker.exists() and result.returncode == 0 and last == 12 and resumed and same
-        outcome = (
-            f"{'killed' if marker.exists() else 'never killed'}; exit {result.returncode}, last train step {last}, "
-            f"{'resumed from step-0000004' if resumed else 'no resume line'}; vs uninterrupted: {weights}"
-        )
-        if not ok:
-            outcome += " | " + " / ".join(result.stderr.strip().splitlines()[-3:])[-400:]
-        return Outcome(label, processes, ok, outcome, seconds, run.on_disk())
+        return restart_after_kill_outcome(work, processes, label, processes, launch, launcher=launcher, max_restarts=1)
 
     return scenario
 

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -204,3 +205,38 @@ def start_long_run(work: Path, processes: int, **sections: Any) -> tuple[Run, su
     pids = run.rank_pids()
     time.sleep(0.5)
     return run, proc, pids
+
+
+#: the restart scenarios' runs: the first checkpoint at step 4, the kill at the 7th D-loss call
+RESTART_TRAINING = {"max_steps": 12, "save_every": 4, "eval_every": 6}
+
+
+#: runs a job to its end: every launcher's exit status, their stderr, the seconds taken
+Launch = Callable[[Run], tuple[list[int], str, float]]
+
+
+def restart_after_kill_outcome(
+    work: Path, ranks: int, label: str, processes: int, launch: Launch, **run: Any
+) -> Outcome:
+    """The last rank SIGKILLed after the first checkpoint of a run that its launcher restarts
+    with ``--resume latest``: the restarted workers form their group, resume from that
+    checkpoint and finish with the weights of an uninterrupted run. ``launch`` runs the
+    restarted job; ``run`` are the launcher's arguments of :class:`Run`."""
+    whole = Run(work / "whole", ranks, training=RESTART_TRAINING)
+    whole.run()
+    marker = work / "killed"
+    options = {"kill_call": 7, "kill_rank": ranks - 1, "kill_marker": str(marker)}
+    restarted = Run(work / "restarted", ranks, options, training=RESTART_TRAINING, **run)
+    codes, stderr, seconds = launch(restarted)
+    train = restarted.records("train")
+    last = train[-1]["step"] if train else None
+    resumed = "resumed from" in stderr and "step-0000004 at step 4" in stderr
+    same, weights = same_as_uninterrupted(restarted.out, whole.out, ranks, "no final/")
+    ok = marker.exists() and not any(codes) and last == 12 and resumed and same
+    outcome = (
+        f"{'killed' if marker.exists() else 'never killed'}; exit {'/'.join(map(str, codes))}, last train step "
+        f"{last}, {'resumed from step-0000004' if resumed else 'no resume line'}; vs uninterrupted: {weights}"
+    )
+    if not ok:
+        outcome += " | " + " / ".join(stderr.strip().splitlines()[-3:])[-400:]
+    return Outcome(label, processes, ok, outcome, seconds, restarted.on_disk())
