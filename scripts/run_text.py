@@ -1,21 +1,27 @@
 """The text recipe end to end on the offline example: stage 1 then stage 2 per seed, then the
-table of nll_test, bleu4 and self_bleu4, with the stage-1 generator at lower temperatures as
-the baseline a stage 2 has to beat.
+table of nll_test, bleu4 and self_bleu4, and each seed's stage 2 against the frontier it has to
+beat.
 
     python scripts/run_text.py --device cpu                   # seeds 0 1 2, one after another
-    python scripts/run_text.py --device cpu --seeds 0         # one seed (about 10 minutes)
+    python scripts/run_text.py --device cpu --seeds 0         # one seed
 
 The example (scripts/make_text_example.py) is written to OUTPUT/text_example when missing;
-each seed's runs go to OUTPUT/seed-N/stage1 and OUTPUT/seed-N/stage2. Sampling below
-temperature 1 trades diversity (self_bleu4 rises) for quality (bleu4 rises, nll_test too)
-without training, so a stage 2 is better than its stage 1 only where no temperature of the
-stage-1 generator reaches its bleu4 at a self_bleu4 and nll_test as low. Rows give the mean
-over the seeds and the range [min, max].
+each seed's runs go to OUTPUT/seed-N/stage1, OUTPUT/seed-N/stage2 and OUTPUT/seed-N/stage2-mle
+(the stage-1 generator trained on by maximum likelihood alone with stage 2's config: its
+steps, batch and optimizer). Sampling below temperature 1 trades diversity (self_bleu4 rises)
+for quality (bleu4 rises) without training, and more maximum-likelihood steps may buy both:
+the frontier is the stage-1 and the maximum-likelihood generators at temperatures 1.2 to 0.6,
+bleu4 (quality) against self_bleu4 (diversity), both scored on the same generated texts as in
+"Language GANs Falling Short" (Caccia et al.); nll_test scores the model, not its texts. A
+seed's stage 2 is beyond the frontier when its bleu4 is higher than the frontier's at its
+self_bleu4. Rows give the mean over the seeds and the range [min, max];
+OUTPUT/frontier-seed-N.png draws a seed's frontier and its stage 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from statistics import mean
@@ -26,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 from trainer.logs import configure_logging  # noqa: E402
 
 METRICS = ("nll_test", "bleu4", "self_bleu4")
-TEMPERATURES = (1.0, 0.9, 0.8)
+#: the frontier's metrics: quality (higher is better) against diversity (lower is better)
+QUALITY, DIVERSITY = "bleu4", "self_bleu4"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -47,12 +54,13 @@ def example_overrides(example: Path, seed: int) -> list[str]:
     ]
 
 
-def run_seed(out: Path, example: Path, seed: int, device: str, extra: list[str]) -> dict[str, dict[str, float]]:
-    """Stage 1 then stage 2 of one seed; the rows of the table (stage 1 at each temperature,
-    stage 2) for it."""
+def run_seed(out: Path, example: Path, seed: int, device: str, extra: list[str]) -> tuple[dict, list]:
+    """Stage 1, stage 2 and the maximum-likelihood baseline of one seed; the rows of the table
+    (stage 1 at temperature 1, stage 2) and the frontier's curves."""
     from trainer.config import load_config
+    from trainer.frontier import FRONTIER_TEMPERATURES, Curve, Point
     from trainer.loop import Trainer
-    from trainer.stages import fit_run, fit_stage1
+    from trainer.stages import MLE_BASELINE, fit_run, fit_stage1
 
     overrides = [*example_overrides(example, seed), *extra]
     stage1 = [f"model.generator_config={example / 'gpt2'}", *overrides]
@@ -60,12 +68,22 @@ def run_seed(out: Path, example: Path, seed: int, device: str, extra: list[str])
     pair = [f"model.{role}_config={out / 'stage1' / 'best' / role}" for role in ("generator", "discriminator")]
     run = load_config("configs/training/text_stage2.yaml", [*pair, *overrides], output_dir=out / "stage2")
     stage2, _ = fit_run(run, device, resume="latest")
-    rows = {}
-    for temperature in TEMPERATURES:
-        run = load_config("configs/training/text_stage1.yaml", [*stage1, f"task_options.temperature={temperature}"])
-        rows[f"stage 1, T={temperature:g}"] = Trainer(run, device=device).evaluate(out / "stage1" / "best")
-    rows["stage 2"] = stage2
-    return rows
+    mle = [*pair, *overrides, "training.objective=mle"]
+    fit_run(load_config("configs/training/text_stage2.yaml", mle, output_dir=out / MLE_BASELINE), device, "latest")
+    curves = []
+    for name, weights in (
+        ("stage 1", out / "stage1" / "best"),
+        ("stage 1 + maximum likelihood", out / MLE_BASELINE / "final"),
+    ):
+        points = []
+        for temperature in FRONTIER_TEMPERATURES:
+            at = [*stage1, f"task_options.temperature={temperature}"]
+            metrics = Trainer(load_config("configs/training/text_stage1.yaml", at), device=device).evaluate(weights)
+            points.append(Point(temperature, metrics[DIVERSITY], metrics[QUALITY]))
+            if name == "stage 1" and temperature == 1.0:
+                stage1_metrics = metrics
+        curves.append(Curve(name, tuple(points)))
+    return {"stage 1": stage1_metrics, "stage 2": stage2}, curves
 
 
 def table(per_seed: list[dict[str, dict[str, float]]]) -> str:
@@ -80,6 +98,31 @@ def table(per_seed: list[dict[str, dict[str, float]]]) -> str:
     return "\n".join(lines)
 
 
+def frontier_report(runs: dict[int, tuple[dict, list]], out: Path) -> str:
+    """Each seed's curves and its stage 2 against them, the plots, the count of seeds beyond."""
+    from trainer.frontier import Point, curve_table, judge, plot, summary_line, verdict_line
+
+    lines, verdicts, drawn = [], [], []
+    for seed, (rows, curves) in runs.items():
+        point = Point(1.0, rows["stage 2"][DIVERSITY], rows["stage 2"][QUALITY])
+        verdicts.append(judge(curves, point, higher_is_better=True))
+        lines += [f"\nseed {seed}, the frontier:", curve_table(curves, QUALITY, DIVERSITY)]
+        lines.append(f"seed {seed}: {verdict_line(verdicts[-1], QUALITY, DIVERSITY)}")
+        seed_curves = [dataclasses.replace(c, name=f"seed {seed}, {c.name}") for c in curves]
+        drawn.append(
+            plot(
+                seed_curves,
+                {f"seed {seed}, stage 2": point},
+                QUALITY,
+                DIVERSITY,
+                out / f"frontier-seed-{seed}.png",
+            )
+        )
+    lines.append(f"plots: {', '.join(map(str, drawn))}" if all(drawn) else "plots: not drawn (pip install matplotlib)")
+    lines.append(summary_line(verdicts))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     configure_logging()
@@ -91,17 +134,18 @@ def main(argv: list[str] | None = None) -> int:
     if not (example / "gpt2" / "config.json").is_file():
         write_text_example(example)
     try:
-        per_seed = [run_seed(out / f"seed-{seed}", example, seed, args.device, args.overrides) for seed in args.seeds]
+        runs = {seed: run_seed(out / f"seed-{seed}", example, seed, args.device, args.overrides) for seed in args.seeds}
     finally:
         end_process_group()
     print(f"seeds {' '.join(map(str, args.seeds))}: mean [min, max]")
-    print(table(per_seed))
+    print(table([rows for rows, _ in runs.values()]))
     for seed in args.seeds:
         for stage in ("stage1", "stage2"):
             samples = sorted((out / f"seed-{seed}" / stage / "samples").glob("step-*.txt"))
             if samples:
                 print(f"\nseed {seed}, {stage}, {samples[-1].name}:")
                 print("\n".join(samples[-1].read_text().splitlines()[:3]))
+    print(frontier_report(runs, out))
     return 0
 
 

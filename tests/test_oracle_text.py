@@ -14,6 +14,7 @@ from helpers import ROOT, check, deep_merge, launch, records, tensorboard_text
 from safetensors.torch import load_file
 
 from trainer.cli import main
+from trainer.frontier import Curve, Point, judge, verdict_line
 from trainer.tasks.oracle import OracleLSTM
 
 REFERENCE_ORACLE = ROOT.parent / "shared" / "data" / "seqgan_oracle.safetensors"
@@ -240,15 +241,27 @@ def test_a_non_positive_eval_temperature_names_the_key(tmp_path, capsys):
     assert len(err) == 1 and "key 'task_options.eval_temperature' must be positive" in err[0], err
 
 
-@pytest.mark.timeout(300)
-def test_main_job_runs_both_stages_and_prints_the_table(tmp_path):
+def frontier_lines(stdout: str) -> tuple[list[Curve], list[str]]:
+    """The curves a main job printed, and its lines from the seeds' verdicts to the end."""
+    after = stdout.split("the frontier (the generators at these temperatures, no further training):\n")[1]
+    table, _, verdicts = after.partition("\n\n")
+    points: dict[str, list[Point]] = {}
+    for line in table.splitlines()[1:]:
+        *name, temperature, oracle, test = line.split()
+        points.setdefault(" ".join(name), []).append(Point(float(temperature), float(test), float(oracle)))
+    return [Curve(name, tuple(p)) for name, p in points.items()], verdicts.strip().splitlines()
+
+
+@pytest.mark.timeout(400)
+def test_main_job_runs_both_stages_and_prints_the_table_and_the_frontier(tmp_path):
     stage1 = write_oracle_run(tmp_path, {"training": {"max_steps": 2}}, "stage1.yaml")
     stage2 = write_oracle_run(tmp_path, {"training": {"max_steps": 2}}, "stage2.yaml")
     args = ["--stage1-config", str(stage1), "--stage2-config", str(stage2), "--output-dir", str(tmp_path / "job")]
-    args += ["--stage2-seeds", "2"]
-    result = check(launch([*args, "--device", "cpu"], 1, script=ROOT / "scripts" / "run_oracle.py"))
-    lines = result.stdout.strip().splitlines()[-6:]
-    assert lines[0].split() == ["nll_oracle", "nll_test", "d_accuracy"]
+    args += ["--stage2-seeds", "2", "--frontier", "1.2", "1", "0.8"]
+    result = check(launch([*args, "--device", "cpu"], 1, script=ROOT / "scripts" / "run_oracle.py", timeout=300))
+    out = result.stdout.strip().splitlines()
+    header = next(i for i, line in enumerate(out) if line.split() == ["nll_oracle", "nll_test", "d_accuracy"])
+    lines = out[header : header + 6]
     assert lines[1].startswith("stage 1") and lines[2].startswith("stage 2")
     assert lines[2].endswith("mean of seeds 5 6")  # write_oracle_run's seed is 5
     assert lines[3].startswith("  seed 5") and lines[4].startswith("  seed 6") and lines[5].startswith("change")
@@ -260,6 +273,32 @@ def test_main_job_runs_both_stages_and_prints_the_table(tmp_path):
     assert yaml.safe_load((tmp_path / "job" / "stage2-seed-6" / "config.yaml").read_text())["training"]["seed"] == 6
     stage2_config = yaml.safe_load((tmp_path / "job" / "stage2" / "config.yaml").read_text())
     assert stage2_config["init"]["generator"] == str(tmp_path / "job" / "stage1" / "best" / "generator")
+
+    # The maximum-likelihood baseline: stage 2's run (steps, batch, start) by maximum likelihood.
+    mle_config = yaml.safe_load((tmp_path / "job" / "stage2-mle" / "config.yaml").read_text())
+    assert mle_config["training"]["objective"] == "mle"
+    for key in ("max_steps", "batch_size", "seed"):
+        assert mle_config["training"][key] == stage2_config["training"][key]
+    assert mle_config["init"]["generator"] == stage2_config["init"]["generator"]
+    mle_train = records(tmp_path / "job" / "stage2-mle", "train")
+    assert mle_train[-1]["step"] == 2 and all("d_loss" not in r for r in mle_train)
+
+    # Each seed against the frontier of both curves; the verdicts are the printed curves'.
+    curves, verdicts = frontier_lines(result.stdout)
+    assert [c.name for c in curves] == ["stage 1", "stage 1 + maximum likelihood"]
+    assert all([p.temperature for p in c.points] == [1.2, 1.0, 0.8] for c in curves)
+    # At temperature 1 the stage-1 curve is stage 1's own eval (the table's stage-1 row).
+    assert curves[0].points[1].quality == pytest.approx(float(lines[1].split()[2]), abs=1e-4)
+    beyond = 0
+    for seed, line, metrics in zip((5, 6), verdicts, lines[3:5], strict=False):
+        quality, diversity = float(metrics.split()[2]), float(metrics.split()[3])
+        verdict = judge(curves, Point(1.0, diversity, quality))
+        expected = verdict_line(verdict, "nll_oracle", "nll_test")
+        assert line.startswith(f"seed {seed}: frontier: stage 2 nll_oracle ") and line.endswith(expected[-40:])
+        beyond += verdict.beyond
+    assert verdicts[2] == f"plot: {tmp_path / 'job' / 'frontier.png'}"
+    assert (tmp_path / "job" / "frontier.png").read_bytes()[:4] == b"\x89PNG"
+    assert verdicts[-1] == f"beyond the frontier: {beyond} of 2 seeds"
 
 
 @pytest.mark.timeout(300)
@@ -315,25 +354,22 @@ def test_temperature_frontier_matches_the_eval_and_samples_at_its_temperature(tm
     assert bad.returncode == 2 and "argument --temperatures: 0 is not a positive number" in bad.stderr, bad.stderr
 
 
-@pytest.mark.timeout(300)
-def test_bench_prints_both_stages_the_goal_and_the_temperature_baseline(tmp_path):
+@pytest.mark.timeout(400)
+def test_bench_prints_both_stages_the_published_values_and_the_frontier_goal(tmp_path):
     from safetensors.torch import save_file
 
     oracle_file = tmp_path / "oracle.safetensors"
     save_file(dict(OracleLSTM.seeded(3, VOCAB, 8, 8).named_buffers()), str(oracle_file))
     stage1 = write_oracle_run(tmp_path, {"training": {"max_steps": 2}}, "stage1.yaml")
     stage2 = write_oracle_run(tmp_path, {"training": {"max_steps": 2}}, "stage2.yaml")
-    configs = ["--stage1-config", str(stage1), "--stage2-config", str(stage2)]
+    configs = ["--stage1-config", str(stage1), "--stage2-config", str(stage2), "--stage2-seeds", "1"]
     args = [str(oracle_file), *configs, "--output-dir", str(tmp_path / "bench"), "--device", "cpu"]
-    result = launch(args, 1, timeout=240, script=ROOT / "scripts" / "bench_oracle.py")
-    assert result.returncode in (0, 1), result.stderr[-3000:]  # 1: the goal is not met
-    table, _, baseline = result.stdout.partition("the stage-1 generator at lower temperatures (no training):\n")
-    assert "published nll_oracle" in table and "goal " in table
-    rows = [line.split() for line in baseline.strip().splitlines()[1:]]
-    assert [row[0] for row in rows] == ["1.00", "0.90", "0.85", "0.80"]
-    # At temperature 1 the baseline is stage 1's own eval (the table's stage-1 row).
-    stage1_row = next(line for line in table.splitlines() if line.startswith("stage 1")).split()
-    assert rows[0][1:3] == stage1_row[2:4]
+    result = launch(args, 1, timeout=300, script=ROOT / "scripts" / "bench_oracle.py")
+    assert "published nll_oracle" in result.stdout
+    curves, verdicts = frontier_lines(result.stdout)
+    assert [p.temperature for p in curves[0].points] == [1.2, 1.1, 1.0, 0.9, 0.8, 0.7, 0.6]
+    met = verdicts[-1] == "beyond the frontier: 1 of 1 seeds"
+    assert result.returncode == (0 if met else 1), result.stderr[-3000:]  # --goal
 
 
 @pytest.mark.timeout(120)

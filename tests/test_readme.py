@@ -231,10 +231,16 @@ def test_readme_text_table(tmp_path):
     result = run(TEXT_TABLE, *TEXT_TINY, f"--set=data.cache_dir={tmp_path / 'cache'}", "--output-dir", str(tmp_path))
     rows = result.stdout.splitlines()
     assert rows[0] == "seeds 0: mean [min, max]" and rows[1].split() == ["nll_test", "bleu4", "self_bleu4"]
-    assert [row.split(",")[0] if row.startswith("stage 1") else row[:7] for row in rows[2:6]] == [
-        "stage 1",
-        "stage 1",
-        "stage 1",
-        "stage 2",
-    ]
+    assert [row[:7] for row in rows[2:4]] == ["stage 1", "stage 2"]
     assert "seed 0, stage2, step-0000002.txt:" in result.stdout
+    # The frontier: stage 1 and the maximum-likelihood baseline at each temperature, the verdict.
+    from trainer.frontier import FRONTIER_TEMPERATURES
+
+    curves = result.stdout.split("seed 0, the frontier:\n")[1].splitlines()
+    assert curves[0].split() == ["generator", "temperature", "bleu4", "self_bleu4"]
+    assert len(curves[1:]) > 2 * len(FRONTIER_TEMPERATURES) and curves[1].startswith("stage 1 ")
+    assert curves[1 + len(FRONTIER_TEMPERATURES)].startswith("stage 1 + maximum likelihood")
+    assert curves[1 + 2 * len(FRONTIER_TEMPERATURES)].startswith("seed 0: frontier: stage 2 bleu4 ")
+    assert (tmp_path / "seed-0" / "stage2-mle" / "final" / "generator" / "config.json").is_file()
+    assert rows[-2] == f"plots: {tmp_path / 'frontier-seed-0.png'}"
+    assert rows[-1] in ("beyond the frontier: 0 of 1 seeds", "beyond the frontier: 1 of 1 seeds")

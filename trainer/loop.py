@@ -189,8 +189,7 @@ class Trainer(RunOutputs):
         self.g = Phase("g", "generator", generator, acc.unwrap_model(generator), opt_g, sched_g,
                        cfg.optim.generator.max_grad_norm, self._generator_loss, task.generator_needs_data,
                        frozen=list(self.d.params))  # fmt: skip
-        if self.ema is not None:
-            self.g.after_step = lambda: self.ema.update(self.g.bare, self.g.steps)
+        self.g.after_step = self._after_generator_step
         plain = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
         self.direct_step = acc.scaler is None and acc.distributed_type in plain
         self.state = TrainState(run_id=run_id)
@@ -204,7 +203,7 @@ class Trainer(RunOutputs):
             self.noise,
             t.keep_checkpoints,
             checkpoint.run_shape(cfg, acc.num_processes),
-            {"ema": self.ema.averaged} if self.ema else {},
+            {**({"ema": self.ema.averaged} if self.ema else {}), **task.checkpoint_modules()},
         )
         resumed_from = self._resume() if self.resume else None
         if not training:
@@ -245,6 +244,12 @@ class Trainer(RunOutputs):
         if self.config.training.objective == "mle":
             return self.task.mle_loss(self.g.model, batch)
         return self.task.generator_loss(self.g.model, self.d.bare, self.config.training.batch_size, self.noise, batch)
+
+    def _after_generator_step(self) -> None:
+        """The moving average, then the task's own update (a DDO round), from the bare weights."""
+        if self.ema is not None:
+            self.ema.update(self.g.bare, self.g.steps)
+        self.task.after_generator_step(self.g.bare, self.g.steps)
 
     def run_phase(self, phase: Phase) -> None:
         """One optimizer step of ``phase``: its micro-batches under accelerate's accumulate()

@@ -30,6 +30,9 @@ from trainer.schema import read_yaml
 
 logger = logging.getLogger("trainer")
 
+#: fit_pipeline's maximum-likelihood baseline: its run directory and its metrics' name
+MLE_BASELINE = "stage2-mle"
+
 
 @dataclass
 class StageResult:
@@ -140,11 +143,14 @@ def fit_pipeline(
     resume: str | None = None,
     overwrite: bool = False,
     stage2_seeds: int = 1,
+    mle_baseline: bool = False,
 ) -> StageResult:
     """Stage 1 into ``OUTPUT/stage1``, then stage 2 from its best pair into ``OUTPUT/stage2``;
     with ``stage2_seeds`` above 1, stage 2 again from the same pair with the next seeds
     (``training.seed`` + 1, + 2, ...) into ``OUTPUT/stage2-seed-N``: how much one seed's
-    stage 2 says.
+    stage 2 says. With ``mle_baseline``, then the stage-1 generator trained on by maximum
+    likelihood alone with stage 2's config (its steps, batch and optimizer: as many real
+    sequences as stage 2 sees) into ``OUTPUT/stage2-mle``: what extra steps earn by themselves.
 
     ``overrides`` (``--set`` strings) apply to every run of both stages.
     """
@@ -175,4 +181,12 @@ def fit_pipeline(
         run = prepare_run(f"stage 2, seed {seed}", build)
         result.metrics[f"stage 2, seed {seed}"], result.stopped = fit_run(run, device, resume, overwrite)
         result.stage2_seeds.append(seed)
+    if mle_baseline and not result.stopped:
+
+        def build_mle() -> RunConfig:
+            mle = {**stage2_overrides(), "training.objective": "mle", "training.seed": first_seed}
+            return load_config(stage2_config, mle, output_dir=out / MLE_BASELINE)
+
+        run = prepare_run("maximum-likelihood baseline", build_mle)
+        result.metrics[MLE_BASELINE], result.stopped = fit_run(run, device, resume, overwrite)
     return result

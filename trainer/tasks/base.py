@@ -204,6 +204,15 @@ class Task:
     def on_eval(self, step: int, outputs: dict[str, torch.Tensor], output_dir: Path, trackers: list[Any]) -> None:
         """Optional hook on the main process after each eval (plots); must not communicate."""
 
+    # -- state the task changes while training ----------------------------------------------
+    def after_generator_step(self, generator: nn.Module, step: int) -> None:
+        """Optional: called after generator optimizer step ``step`` (from 1) with the bare
+        generator, the same on every rank; must not communicate."""
+
+    def checkpoint_modules(self) -> dict[str, nn.Module]:
+        """Modules the task changes while training (by name), which checkpoints must hold."""
+        return {}
+
     # -- weights ---------------------------------------------------------------------------
     def load_pretrained(self, role: str, path: Path) -> nn.Module | None:
         """A model built from a ``save_pretrained`` directory, or None to load a state dict."""

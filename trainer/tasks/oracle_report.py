@@ -4,11 +4,14 @@ over temperatures, and the stage table against the SeqGAN paper's published figu
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainer.config import load_config
+from trainer.frontier import Curve, Point, Verdict, curve_table, judge, plot, summary_line, verdict_line
+from trainer.stages import MLE_BASELINE
 from trainer.tasks import load_task
 
 if TYPE_CHECKING:
@@ -113,13 +116,39 @@ def relative_change(result: StageResult) -> dict[str, float]:
     return {m: (second[m] - first[m]) / first[m] for m in ("nll_oracle", "nll_test")}
 
 
-def benchmark_goal(result: StageResult) -> tuple[bool, str]:
-    """Whether stage 2 (the mean over its seeds) lowered nll_oracle by at least 3% relative to
-    stage 1 while nll_test rose by at most 5%, and a line saying so."""
-    change = relative_change(result)
-    oracle, test = change["nll_oracle"], change["nll_test"]
-    met = oracle <= -0.03 and test <= 0.05
-    return met, (
-        f"goal {'met' if met else 'not met'}: nll_oracle {100 * oracle:+.2f}% (goal <= -3%), "
-        f"nll_test {100 * test:+.2f}% (goal <= +5%)"
-    )
+def frontier_curves(
+    output_dir: Path, config: str, overrides: list[str], temperatures: list[float], device: str
+) -> list[Curve]:
+    """The frontier of a pipeline: the stage-1 generator, and the maximum-likelihood baseline
+    (when the pipeline ran it), each at ``temperatures``."""
+    generators = {
+        "stage 1": output_dir / "stage1" / "best" / "generator",
+        "stage 1 + maximum likelihood": output_dir / MLE_BASELINE / "final" / "generator",
+    }
+    return [
+        Curve(name, tuple(Point(t, test, oracle) for t, oracle, test in frontier(str(path), config, overrides,
+                                                                               temperatures, device)))
+        for name, path in generators.items()
+        if path.is_dir()
+    ]  # fmt: skip
+
+
+def frontier_report(result: StageResult, curves: list[Curve], output_dir: Path) -> tuple[str, list[Verdict]]:
+    """The curves, each stage-2 seed against the frontier (nll_oracle at its nll_test), the
+    count of seeds beyond it, the plot's path; and the verdicts."""
+    points = {
+        seed: Point(1.0, metrics["nll_test"], metrics["nll_oracle"])
+        for seed, metrics in stage2_runs(result).items()
+        if "nll_test" in metrics and "nll_oracle" in metrics
+    }
+    verdicts = [judge(curves, point) for point in points.values()]
+    lines = ["the frontier (the generators at these temperatures, no further training):"]
+    lines += [curve_table(curves, "nll_oracle", "nll_test"), ""]
+    lines += [
+        f"seed {seed}: {verdict_line(v, 'nll_oracle', 'nll_test')}" for seed, v in zip(points, verdicts, strict=True)
+    ]
+    path = plot(curves, {f"stage 2, seed {seed}": p for seed, p in points.items()}, "nll_oracle", "nll_test",
+                output_dir / "frontier.png")  # fmt: skip
+    lines.append(f"plot: {path}" if path else "plot: not drawn (pip install matplotlib, the plots extra)")
+    lines.append(summary_line(verdicts))
+    return "\n".join(lines), verdicts

@@ -102,7 +102,7 @@ class OracleTextTask(SequenceGanTask):
         o, cfg = self.options, self.config
         self.start_id = self.pad_id = o.vocab_size
         self.eos_id, self.banned = None, [self.start_id]
-        self.validate_penalties()
+        self.validate_training()
         if cfg.data.path:
             raise ConfigError(f"{run.source}: key 'data.path': oracle_text samples its data from the oracle")
         if not 0 <= cfg.eval.prefix_len < o.seq_len:
@@ -122,7 +122,7 @@ class OracleTextTask(SequenceGanTask):
             positions = getattr(config, "max_position_embeddings", None)
             if positions is not None and positions < o.seq_len + 1:
                 raise ConfigError(f"{source}: {positions} positions are fewer than seq_len + 1 = {o.seq_len + 1}")
-        self.generator_needs_data = cfg.training.objective == "mle" or o.mle_weight > 0
+        self.generator_needs_data = cfg.training.objective == "mle" or o.mle_weight > 0 or self.uses_ddo
 
     # -- the oracle and the data ---------------------------------------------------------------
     @functools.cached_property

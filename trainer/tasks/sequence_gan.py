@@ -37,6 +37,19 @@ from trainer.tasks.transformers_models import from_pretrained, load_pretrained
 
 @dataclass
 class SequenceGanOptions:
+    #: stage 2's generator objective: "reinforce", the policy gradient on the discriminator's
+    #: ratings (SeqGAN, Yu et al. 2017); "ddo", Direct Discriminative Optimization (Zheng et
+    #: al. 2025): the discriminator is the generator's own log-likelihood ratio to the reference
+    #: generator, classifying real sequences against the reference's samples; no discriminator
+    #: network is trained (training.d_steps_per_g_step: 0)
+    generator_objective: Literal["reinforce", "ddo"] = "reinforce"
+    #: ddo: the implicit discriminator is ddo_beta x (log p(x) - log p_ref(x)) of a whole sequence
+    ddo_beta: float = 0.05
+    #: ddo: weight of the reference's samples (the "generated" side) in the classification loss
+    ddo_alpha: float = 1.0
+    #: ddo: every this many generator steps the reference becomes the generator (a new round,
+    #: the paper's self-play); 0: the reference stays the starting generator
+    ddo_round_steps: int = 0
     #: stage 2: weight of a maximum-likelihood term on real data beside the policy gradient
     mle_weight: float = 0.0
     #: stage 2: weight of the KL divergence from the reference generator (init.generator, the
@@ -110,14 +123,32 @@ class SequenceGanTask(Task):
     #: generated sequences continue this many tokens of a real one (0: from the start token)
     prompt_len: int = 0
 
-    def validate_penalties(self) -> None:
-        """Gradient penalties need continuous inputs: refuse them with the key named."""
-        cfg = self.config
+    def validate_training(self) -> None:
+        """Refuse, with the key named, what the text recipes cannot train: gradient penalties
+        (they need continuous inputs), and ``ddo`` beside a discriminator to train."""
+        cfg, o = self.config, self.options
         if cfg.training.loss == "wasserstein" or cfg.training.r1_weight > 0:
             raise ConfigError(
                 f"{self.run.source}: key 'training.loss'/'training.r1_weight': gradient penalties need "
                 f"continuous inputs; {cfg.task} takes non_saturating, hinge or least_squares and no R1"
             )
+        if o.generator_objective == "ddo" and cfg.training.objective == "adversarial":
+            if cfg.training.d_steps_per_g_step > 0:
+                raise ConfigError(
+                    f"{self.run.source}: key 'training.d_steps_per_g_step': task_options.generator_objective "
+                    "ddo trains no discriminator network (its discriminator is the generator's likelihood "
+                    "ratio); set it to 0"
+                )
+            if o.ddo_beta <= 0 or o.ddo_alpha < 0 or o.ddo_round_steps < 0:
+                raise ConfigError(
+                    f"{self.run.source}: key 'task_options.ddo_*': ddo_beta must be positive, ddo_alpha and "
+                    "ddo_round_steps not negative"
+                )
+
+    @property
+    def uses_ddo(self) -> bool:
+        """Whether stage 2 trains the generator by DDO (the generator run of stage 1 does not)."""
+        return self.options.generator_objective == "ddo" and self.config.training.objective == "adversarial"
 
     def valid_mask(self, sequences: torch.Tensor) -> torch.Tensor | None:
         """1.0 up to and including each sequence's first end-of-sequence token, 0.0 after it
@@ -283,16 +314,29 @@ class SequenceGanTask(Task):
     # -- the reference model of the KL penalty ---------------------------------------------------
     @functools.cached_property
     def reference(self) -> nn.Module:
-        """The frozen generator the KL penalty measures from: ``init.generator`` (the stage-1
+        """The frozen generator the KL penalty and DDO measure from: ``init.generator`` (the stage-1
         generator), else the pretrained generator the run starts from."""
         source = self.config.init.generator or self.run.generator_source
         model = load_pretrained(AutoModelForCausalLM, Path(source), "reference generator")
         if model is None:
             raise ConfigError(
-                f"{self.run.source}: key 'task_options.kl_coef' needs a reference generator: init.generator "
-                "or model.generator_config naming a save_pretrained directory"
+                f"{self.run.source}: key 'task_options.kl_coef'/'generator_objective' needs a reference "
+                "generator: init.generator or model.generator_config naming a save_pretrained directory"
             )
         return model.eval().requires_grad_(False)
+
+    def checkpoint_modules(self) -> dict[str, nn.Module]:
+        """DDO's reference when its rounds move it: a checkpoint holds it (else it is the
+        starting generator, read again on resume)."""
+        return {"reference": self.reference} if self.uses_ddo and self.options.ddo_round_steps else {}
+
+    @torch.no_grad()
+    def after_generator_step(self, generator: nn.Module, step: int) -> None:
+        """A new DDO round every ``ddo_round_steps`` generator steps: the reference becomes the
+        generator (the bare one, the same on every rank)."""
+        rounds = self.options.ddo_round_steps
+        if self.uses_ddo and rounds and step % rounds == 0:
+            self.reference.load_state_dict(generator.state_dict())
 
     def kl_to_reference(self, sequences: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
         """Per-token KL estimate from the reference model on the sampled tokens (the k3
@@ -308,6 +352,38 @@ class SequenceGanTask(Task):
         real = self.real(batch)
         return -masked_mean(self.token_log_probs(generator, real), self.valid_mask(real)), {}
 
+    def ddo_loss(
+        self, generator: nn.Module, num: int, rng: torch.Generator, batch: Any
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Direct Discriminative Optimization (Zheng et al., ICML 2025): with the implicit
+        discriminator ``d(x) = beta * (log p(x) - log p_ref(x))`` over a sequence's chosen
+        tokens, the GAN classification loss ``-log sigmoid(d(real)) - alpha * log(1 -
+        sigmoid(d(fake)))`` on a batch of real sequences against ``num`` samples of the
+        reference; plus ``mle_weight`` x NLL of the real ones. At the start (the generator is
+        the reference) its gradient is beta/2 x maximum likelihood's: the fake side's expected
+        score is zero; it acts as the generator moves away from the reference."""
+        o = self.options
+        reference = self.reference.to(rng.device)
+        with torch.no_grad():
+            fake = self.generate(reference, num, rng, batch)
+        real = self.real(batch)
+        # One forward for real and generated sequences: DDP allows one forward per backward.
+        sequences = torch.cat(pad_right([real, fake], self.pad_id))
+        log_p = self.token_log_probs(generator, sequences)
+        with torch.no_grad():
+            ref_log_p = self.token_log_probs(reference, sequences)
+        mask = self.generated_mask(sequences)
+        log_ratio = (log_p - ref_log_p) if mask is None else (log_p - ref_log_p) * mask
+        ratio_real, ratio_fake = log_ratio.sum(1).split([real.shape[0], num])
+        loss = nn.functional.softplus(-o.ddo_beta * ratio_real).mean()
+        loss = loss + o.ddo_alpha * nn.functional.softplus(o.ddo_beta * ratio_fake).mean()
+        parts = {"log_ratio_real": ratio_real.detach().mean(), "log_ratio_fake": ratio_fake.detach().mean()}
+        if o.mle_weight > 0:
+            nll = -masked_mean(log_p[: real.shape[0]], self.valid_mask(sequences[: real.shape[0]]))
+            loss = loss + o.mle_weight * nll
+            parts["nll_real"] = nll.detach()
+        return loss, parts
+
     def generator_loss(
         self,
         generator: nn.Module,
@@ -316,10 +392,13 @@ class SequenceGanTask(Task):
         rng: torch.Generator,
         batch: Any = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """REINFORCE: raise the log-probability of tokens whose return (the discriminator's
-        ratings) is above the batch's mean at that position, lower the others'; plus
-        ``mle_weight`` x NLL of real data and ``kl_coef`` x KL from the reference generator."""
+        """The stage-2 loss of ``generator_objective``: :meth:`ddo_loss`, or REINFORCE: raise the
+        log-probability of tokens whose return (the discriminator's ratings) is above the batch's
+        mean at that position, lower the others'; plus ``mle_weight`` x NLL of real data and
+        ``kl_coef`` x KL from the reference generator."""
         o = self.options
+        if self.uses_ddo:
+            return self.ddo_loss(generator, num, rng, batch)
         with torch.no_grad():
             fake = self.generate(generator, num, rng, batch)
             advantage, reward = self._advantages(fake, discriminator)

@@ -143,7 +143,7 @@ class TextTask(SequenceGanTask):
     def __init__(self, run: Any) -> None:
         super().__init__(run)
         o, cfg = self.options, self.config
-        self.validate_penalties()
+        self.validate_training()
         if cfg.data.path:
             raise ConfigError(f"{run.source}: key 'data.path': the text recipe reads data.train_files")
         if not as_list(cfg.data.train_files):
@@ -183,7 +183,8 @@ class TextTask(SequenceGanTask):
             raise ConfigError(f"{run.source}: key 'task_options.prompt_len' must be in [0, max_length - 1)")
         self.prompt_len = o.prompt_len
         # The generator phase takes real texts for its MLE term, or for its prompts.
-        self.generator_needs_data = cfg.training.objective == "mle" or o.mle_weight > 0 or o.prompt_len > 0
+        needs_data = (cfg.training.objective == "mle", o.mle_weight > 0, self.uses_ddo, o.prompt_len > 0)
+        self.generator_needs_data = any(needs_data)
 
     def _tokenizer(self) -> Any:
         """``model.tokenizer``, else the generator's; without a pad token, end-of-sequence pads."""
