@@ -84,6 +84,8 @@ RUN = {
         MIXTURE_TINY
     ),
     "python scripts/run_oracle.py --device cpu": ORACLE_TINY,
+    "python scripts/run_oracle.py --device cpu --stage2-config configs/training/stage2_ddo.yaml": ORACLE_TINY,
+    "python scripts/run_oracle.py --device cpu --stage2-config configs/training/stage2_spin.yaml": ORACLE_TINY,
     "python scripts/train_stage1.py --device cpu": ORACLE_TINY,
     "python scripts/train_stage2.py --config configs/training/ring.yaml --device cpu": RING_DEBUG,
     "python scripts/train_stage2.py --config configs/training/ring.yaml --device cpu --debug": [],
@@ -152,6 +154,10 @@ def test_readme_command_runs(tmp_path, command):
     if "run_oracle" in command:
         assert "stage 2" in result.stdout
         assert (tmp_path / "out" / "stage2" / "final" / "generator" / "config.json").is_file()
+        assert result.stdout.strip().splitlines()[-1].startswith("beyond the frontier: ")
+        if "--stage2-config" in command:  # ddo or spin: no discriminator phase
+            train = records(tmp_path / "out" / "stage2", "train")
+            assert all("log_ratio_real" in r and "d_loss" not in r for r in train)
     elif "stage1" in command:
         assert (tmp_path / "out" / "best" / "discriminator" / "config.json").is_file()
     elif "mixture_seeds" in command:

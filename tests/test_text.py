@@ -123,6 +123,26 @@ def test_stage1_in_one_process_then_stage2_in_two(tmp_path, example, architectur
     assert generates(out2 / "final" / "generator").startswith("Return the")
 
 
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("objective", ["ddo", "spin"])
+def test_likelihood_ratio_objectives_train_in_two_processes(tmp_path, example, objective):
+    """ddo and spin on texts that continue a prompt: the example's GPT-2 is the reference (the
+    generator the run starts from); a round every 2 steps moves it to the generator."""
+    options = {"generator_objective": objective, "beta": 0.5, "round_steps": 2, "prompt_len": 2}
+    config = write_text_run(tmp_path, example["gpt2"], {"task_options": options, "training": {"d_steps_per_g_step": 0}})
+    check(launch(["--config", str(config), "--device", "cpu"], 2, timeout=300))
+    out = tmp_path / "out"
+    evals = records(out, "eval")  # texts are the prompt and up to 12 tokens: check_evals's 12 is not theirs
+    assert [(r["step"], r["world_size"], r["num_samples"]) for r in evals] == [(2, 2, EVAL_TEXTS), (4, 2, EVAL_TEXTS)]
+    train = {r["step"]: r for r in records(out, "train")}
+    assert all("log_ratio_real" in r and "d_loss" not in r for r in train.values())
+    # The generator is the reference at step 1 and again at step 3 (the round after step 2).
+    for step in (1, 3):
+        assert abs(train[step]["log_ratio_fake"]) < 1e-4 and abs(train[step]["log_ratio_real"]) < 1e-4, train[step]
+    assert abs(train[2]["log_ratio_real"]) > 1e-3
+    assert (out / "checkpoints" / "step-0000004" / "reference.safetensors").is_file()
+
+
 @pytest.mark.timeout(300)
 def test_eval_fraction_holds_out_texts_by_the_seed(tmp_path, example):
     config = write_text_run(

@@ -11,6 +11,7 @@ phases and the batch stream :mod:`trainer.phases`'s.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,7 @@ class Trainer(RunOutputs):
         if t.mixed_precision == "fp16" and acc.device.type == "cpu" and acc.scaler is None:
             logger.warning("fp16 was requested but accelerate runs fp32 on the CPU (no autocast, no GradScaler)")
         set_seed(t.seed)
+        task.prepare_frozen = functools.partial(setup.place_frozen, acc)
         run_id = setup.claim_run(acc, self.run, not self.resume, self.overwrite) if training else ""
         # The main process first: a task may build a data cache that the other ranks then read.
         generator, discriminator, train_set, eval_set = collectives.main_process_first(

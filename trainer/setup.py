@@ -107,6 +107,22 @@ def set_modes(generator: nn.Module, discriminator: nn.Module, training: Training
             module.attention_dropout = 0.0
 
 
+def place_frozen(accelerator: Accelerator, model: nn.Module) -> nn.Module:
+    """A frozen model a task builds itself (a reference generator) placed as the trained ones
+    are: on the device, its forward (generation included) under the run's autocast. Not
+    accelerate's prepare_model: it registers the model, and every checkpoint would then hold
+    a copy of weights that do not change."""
+    model = model.to(accelerator.device)
+    forward = model.forward
+
+    def autocast_forward(*args: Any, **kwargs: Any) -> Any:
+        with accelerator.autocast():
+            return forward(*args, **kwargs)
+
+    model.forward = autocast_forward
+    return model
+
+
 def loaders(task: Task, cfg: Config, train_set: Any, eval_set: Any) -> tuple[Any, Any]:
     """The train and eval DataLoaders (not yet prepared).
 

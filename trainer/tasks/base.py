@@ -8,6 +8,7 @@ accumulation, optimizers, checkpoints and every collective; a task never calls o
 from __future__ import annotations
 
 import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -77,6 +78,10 @@ class Task:
     def __init__(self, run: RunConfig) -> None:
         self.run = run
         self.config = run.config
+        #: places a frozen model the task builds itself (a reference generator) as the trained
+        #: ones are placed: on their device, under the run's mixed precision. The trainer sets
+        #: it (setup.place_frozen); a task used alone keeps models as built.
+        self.prepare_frozen: Callable[[nn.Module], nn.Module] = lambda model: model
         self.options: Any = from_mapping(self.Options, run.config.task_options, run.source, prefix="task_options.")
         self.generator_config: Any = (
             from_mapping(self.GeneratorConfig, run.generator, run.generator_source)

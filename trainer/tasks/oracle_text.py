@@ -122,7 +122,7 @@ class OracleTextTask(SequenceGanTask):
             positions = getattr(config, "max_position_embeddings", None)
             if positions is not None and positions < o.seq_len + 1:
                 raise ConfigError(f"{source}: {positions} positions are fewer than seq_len + 1 = {o.seq_len + 1}")
-        self.generator_needs_data = cfg.training.objective == "mle" or o.mle_weight > 0 or self.uses_ddo
+        self.generator_needs_data = cfg.training.objective == "mle" or o.mle_weight > 0 or self.uses_likelihood_ratio
 
     # -- the oracle and the data ---------------------------------------------------------------
     @functools.cached_property

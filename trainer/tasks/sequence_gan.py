@@ -38,18 +38,20 @@ from trainer.tasks.transformers_models import from_pretrained, load_pretrained
 @dataclass
 class SequenceGanOptions:
     #: stage 2's generator objective: "reinforce", the policy gradient on the discriminator's
-    #: ratings (SeqGAN, Yu et al. 2017); "ddo", Direct Discriminative Optimization (Zheng et
-    #: al. 2025): the discriminator is the generator's own log-likelihood ratio to the reference
-    #: generator, classifying real sequences against the reference's samples; no discriminator
-    #: network is trained (training.d_steps_per_g_step: 0)
-    generator_objective: Literal["reinforce", "ddo"] = "reinforce"
-    #: ddo: the implicit discriminator is ddo_beta x (log p(x) - log p_ref(x)) of a whole sequence
-    ddo_beta: float = 0.05
+    #: ratings (SeqGAN, Yu et al. 2017); two whose discriminator is the generator's own
+    #: log-likelihood ratio to the reference generator, ``beta * (log p(x) - log p_ref(x))``,
+    #: telling real sequences from the reference's samples, so that no discriminator network is
+    #: trained (training.d_steps_per_g_step: 0): "ddo", Direct Discriminative Optimization
+    #: (Zheng et al., ICML 2025), the GAN classification loss on each side; "spin", Self-Play
+    #: Fine-Tuning (Chen et al., ICML 2024), the logistic loss on each pair (real, sample)
+    generator_objective: Literal["reinforce", "ddo", "spin"] = "reinforce"
+    #: ddo, spin: the implicit discriminator's scale (of a whole sequence's log-likelihood ratio)
+    beta: float = 0.05
     #: ddo: weight of the reference's samples (the "generated" side) in the classification loss
     ddo_alpha: float = 1.0
-    #: ddo: every this many generator steps the reference becomes the generator (a new round,
-    #: the paper's self-play); 0: the reference stays the starting generator
-    ddo_round_steps: int = 0
+    #: ddo, spin: every this many generator steps the reference becomes the generator (a new
+    #: round of the papers' self-play); 0: the reference stays the starting generator
+    round_steps: int = 0
     #: stage 2: weight of a maximum-likelihood term on real data beside the policy gradient
     mle_weight: float = 0.0
     #: stage 2: weight of the KL divergence from the reference generator (init.generator, the
@@ -125,30 +127,31 @@ class SequenceGanTask(Task):
 
     def validate_training(self) -> None:
         """Refuse, with the key named, what the text recipes cannot train: gradient penalties
-        (they need continuous inputs), and ``ddo`` beside a discriminator to train."""
+        (they need continuous inputs), and ``ddo``/``spin`` beside a discriminator to train."""
         cfg, o = self.config, self.options
         if cfg.training.loss == "wasserstein" or cfg.training.r1_weight > 0:
             raise ConfigError(
                 f"{self.run.source}: key 'training.loss'/'training.r1_weight': gradient penalties need "
                 f"continuous inputs; {cfg.task} takes non_saturating, hinge or least_squares and no R1"
             )
-        if o.generator_objective == "ddo" and cfg.training.objective == "adversarial":
+        if self.uses_likelihood_ratio:
             if cfg.training.d_steps_per_g_step > 0:
                 raise ConfigError(
                     f"{self.run.source}: key 'training.d_steps_per_g_step': task_options.generator_objective "
-                    "ddo trains no discriminator network (its discriminator is the generator's likelihood "
-                    "ratio); set it to 0"
+                    f"{o.generator_objective} trains no discriminator network (its discriminator is the "
+                    "generator's likelihood ratio); set it to 0"
                 )
-            if o.ddo_beta <= 0 or o.ddo_alpha < 0 or o.ddo_round_steps < 0:
+            if o.beta <= 0 or o.ddo_alpha < 0 or o.round_steps < 0:
                 raise ConfigError(
-                    f"{self.run.source}: key 'task_options.ddo_*': ddo_beta must be positive, ddo_alpha and "
-                    "ddo_round_steps not negative"
+                    f"{self.run.source}: key 'task_options.beta'/'ddo_alpha'/'round_steps': beta must be "
+                    "positive, ddo_alpha and round_steps not negative"
                 )
 
     @property
-    def uses_ddo(self) -> bool:
-        """Whether stage 2 trains the generator by DDO (the generator run of stage 1 does not)."""
-        return self.options.generator_objective == "ddo" and self.config.training.objective == "adversarial"
+    def uses_likelihood_ratio(self) -> bool:
+        """Whether stage 2 trains the generator by ``ddo`` or ``spin`` (a stage-1 run does not)."""
+        adversarial = self.config.training.objective == "adversarial"
+        return adversarial and self.options.generator_objective in ("ddo", "spin")
 
     def valid_mask(self, sequences: torch.Tensor) -> torch.Tensor | None:
         """1.0 up to and including each sequence's first end-of-sequence token, 0.0 after it
@@ -314,7 +317,7 @@ class SequenceGanTask(Task):
     # -- the reference model of the KL penalty ---------------------------------------------------
     @functools.cached_property
     def reference(self) -> nn.Module:
-        """The frozen generator the KL penalty and DDO measure from: ``init.generator`` (the stage-1
+        """The frozen generator the KL penalty, ddo and spin measure from: ``init.generator`` (the stage-1
         generator), else the pretrained generator the run starts from."""
         source = self.config.init.generator or self.run.generator_source
         model = load_pretrained(AutoModelForCausalLM, Path(source), "reference generator")
@@ -323,19 +326,21 @@ class SequenceGanTask(Task):
                 f"{self.run.source}: key 'task_options.kl_coef'/'generator_objective' needs a reference "
                 "generator: init.generator or model.generator_config naming a save_pretrained directory"
             )
-        return model.eval().requires_grad_(False)
+        # Under the generator's mixed precision too: else a bf16 generator's ratio to its own
+        # fp32 copy is rounding, not 0.
+        return self.prepare_frozen(model.eval().requires_grad_(False))
 
     def checkpoint_modules(self) -> dict[str, nn.Module]:
-        """DDO's reference when its rounds move it: a checkpoint holds it (else it is the
-        starting generator, read again on resume)."""
-        return {"reference": self.reference} if self.uses_ddo and self.options.ddo_round_steps else {}
+        """The reference when rounds move it: a checkpoint holds it (else it is the starting
+        generator, read again on resume)."""
+        return {"reference": self.reference} if self.uses_likelihood_ratio and self.options.round_steps else {}
 
     @torch.no_grad()
     def after_generator_step(self, generator: nn.Module, step: int) -> None:
-        """A new DDO round every ``ddo_round_steps`` generator steps: the reference becomes the
+        """A new round every ``round_steps`` generator steps: the reference becomes the
         generator (the bare one, the same on every rank)."""
-        rounds = self.options.ddo_round_steps
-        if self.uses_ddo and rounds and step % rounds == 0:
+        rounds = self.options.round_steps
+        if self.uses_likelihood_ratio and rounds and step % rounds == 0:
             self.reference.load_state_dict(generator.state_dict())
 
     def kl_to_reference(self, sequences: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
@@ -352,16 +357,18 @@ class SequenceGanTask(Task):
         real = self.real(batch)
         return -masked_mean(self.token_log_probs(generator, real), self.valid_mask(real)), {}
 
-    def ddo_loss(
+    def likelihood_ratio_loss(
         self, generator: nn.Module, num: int, rng: torch.Generator, batch: Any
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Direct Discriminative Optimization (Zheng et al., ICML 2025): with the implicit
-        discriminator ``d(x) = beta * (log p(x) - log p_ref(x))`` over a sequence's chosen
-        tokens, the GAN classification loss ``-log sigmoid(d(real)) - alpha * log(1 -
-        sigmoid(d(fake)))`` on a batch of real sequences against ``num`` samples of the
-        reference; plus ``mle_weight`` x NLL of the real ones. At the start (the generator is
-        the reference) its gradient is beta/2 x maximum likelihood's: the fake side's expected
-        score is zero; it acts as the generator moves away from the reference."""
+        """The loss of ``ddo`` or ``spin`` on a batch of real sequences and ``num`` samples of
+        the reference, with the implicit discriminator ``d(x) = beta * (log p(x) - log
+        p_ref(x))`` over a sequence's chosen tokens; plus ``mle_weight`` x NLL of the real ones.
+
+        ``ddo`` (Zheng et al., ICML 2025): ``-log sigmoid(d(real)) - alpha * log(1 -
+        sigmoid(d(fake)))``, the GAN classification loss. ``spin`` (Chen et al., ICML 2024):
+        ``-log sigmoid(d(real_i) - d(fake_i))`` over pairs. At the start (the generator is the
+        reference) the gradient of either is beta/2 x maximum likelihood's: the samples' expected
+        score is zero; the samples act as the generator moves away from the reference."""
         o = self.options
         reference = self.reference.to(rng.device)
         with torch.no_grad():
@@ -375,8 +382,12 @@ class SequenceGanTask(Task):
         mask = self.generated_mask(sequences)
         log_ratio = (log_p - ref_log_p) if mask is None else (log_p - ref_log_p) * mask
         ratio_real, ratio_fake = log_ratio.sum(1).split([real.shape[0], num])
-        loss = nn.functional.softplus(-o.ddo_beta * ratio_real).mean()
-        loss = loss + o.ddo_alpha * nn.functional.softplus(o.ddo_beta * ratio_fake).mean()
+        if o.generator_objective == "ddo":
+            loss = nn.functional.softplus(-o.beta * ratio_real).mean()
+            loss = loss + o.ddo_alpha * nn.functional.softplus(o.beta * ratio_fake).mean()
+        else:
+            pairs = min(real.shape[0], num)
+            loss = nn.functional.softplus(-o.beta * (ratio_real[:pairs] - ratio_fake[:pairs])).mean()
         parts = {"log_ratio_real": ratio_real.detach().mean(), "log_ratio_fake": ratio_fake.detach().mean()}
         if o.mle_weight > 0:
             nll = -masked_mean(log_p[: real.shape[0]], self.valid_mask(sequences[: real.shape[0]]))
@@ -392,13 +403,13 @@ class SequenceGanTask(Task):
         rng: torch.Generator,
         batch: Any = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The stage-2 loss of ``generator_objective``: :meth:`ddo_loss`, or REINFORCE: raise the
+        """The stage-2 loss of ``generator_objective``: :meth:`likelihood_ratio_loss`, or REINFORCE: raise the
         log-probability of tokens whose return (the discriminator's ratings) is above the batch's
         mean at that position, lower the others'; plus ``mle_weight`` x NLL of real data and
         ``kl_coef`` x KL from the reference generator."""
         o = self.options
-        if self.uses_ddo:
-            return self.ddo_loss(generator, num, rng, batch)
+        if self.uses_likelihood_ratio:
+            return self.likelihood_ratio_loss(generator, num, rng, batch)
         with torch.no_grad():
             fake = self.generate(generator, num, rng, batch)
             advantage, reward = self._advantages(fake, discriminator)

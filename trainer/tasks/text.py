@@ -183,7 +183,7 @@ class TextTask(SequenceGanTask):
             raise ConfigError(f"{run.source}: key 'task_options.prompt_len' must be in [0, max_length - 1)")
         self.prompt_len = o.prompt_len
         # The generator phase takes real texts for its MLE term, or for its prompts.
-        needs_data = (cfg.training.objective == "mle", o.mle_weight > 0, self.uses_ddo, o.prompt_len > 0)
+        needs_data = (cfg.training.objective == "mle", o.mle_weight > 0, self.uses_likelihood_ratio, o.prompt_len > 0)
         self.generator_needs_data = any(needs_data)
 
     def _tokenizer(self) -> Any:

@@ -1,5 +1,6 @@
-"""Stage 2 by Direct Discriminative Optimization (task_options.generator_objective: ddo): the
-loss against a hand computation, rounds that move the reference, resume, config errors."""
+"""Stage 2 with the generator's likelihood ratio as the discriminator (task_options.
+generator_objective: ddo, spin): the losses against a hand computation, rounds that move the
+reference, resume, config errors."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from trainer.cli import main
 from trainer.config import load_config
 from trainer.tasks import load_task
 
-DDO = {"generator_objective": "ddo", "ddo_beta": 0.3, "ddo_alpha": 0.7, "mle_weight": 0.0}
+DDO = {"generator_objective": "ddo", "beta": 0.3, "ddo_alpha": 0.7, "mle_weight": 0.0}
 
 
 def stage1_generator(tmp: Path, seed: int = 3) -> Path:
@@ -62,7 +63,7 @@ def test_ddo_loss_matches_a_hand_computation(tmp_path):
             param.add_(0.05 * torch.randn_like(param))
     real = torch.randint(0, VOCAB, (5, 8))
     rng = torch.Generator().manual_seed(11)
-    loss, parts = task.ddo_loss(generator, 4, rng, {"input_ids": real})
+    loss, parts = task.likelihood_ratio_loss(generator, 4, rng, {"input_ids": real})
 
     # By hand: the reference's samples from the same noise, then the GAN classification loss
     # on beta times the sequence log-likelihood ratio.
@@ -87,6 +88,27 @@ def test_ddo_loss_matches_a_hand_computation(tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_spin_loss_matches_a_hand_computation(tmp_path):
+    config = ddo_run(tmp_path, {"generator_objective": "spin"})
+    task = load_task(load_config(config))
+    generator = task.build_generator()
+    generator.load_state_dict(task.reference.state_dict())
+    with torch.no_grad():
+        for param in generator.parameters():
+            param.add_(0.05 * torch.randn_like(param))
+    real = torch.randint(0, VOCAB, (4, 8))
+    loss, _ = task.likelihood_ratio_loss(generator, 4, torch.Generator().manual_seed(2), {"input_ids": real})
+    fake = task.generate(task.reference, 4, torch.Generator().manual_seed(2))
+    start = task.start_id
+    with torch.no_grad():
+        ratio_real = hand_log_likelihood(generator, real, start) - hand_log_likelihood(task.reference, real, start)
+        ratio_fake = hand_log_likelihood(generator, fake, start) - hand_log_likelihood(task.reference, fake, start)
+    # Pair i: real sequence i against sample i.
+    expected = -torch.log(torch.sigmoid(0.3 * (ratio_real - ratio_fake))).mean()
+    assert torch.allclose(loss, expected, atol=1e-5), (float(loss), float(expected))
+
+
+@pytest.mark.timeout(120)
 def test_ddo_starts_as_scaled_maximum_likelihood(tmp_path):
     """From the reference itself, ratios are 0 and the loss is (1 + alpha) log 2; its gradient
     on the real side is beta/2 times maximum likelihood's (the fake side's is zero in
@@ -96,7 +118,7 @@ def test_ddo_starts_as_scaled_maximum_likelihood(tmp_path):
     generator = task.build_generator()
     generator.load_state_dict(task.reference.state_dict())
     real = torch.randint(0, VOCAB, (6, 8))
-    loss, _ = task.ddo_loss(generator, 3, torch.Generator().manual_seed(0), {"input_ids": real})
+    loss, _ = task.likelihood_ratio_loss(generator, 3, torch.Generator().manual_seed(0), {"input_ids": real})
     assert math.isclose(float(loss), math.log(2), rel_tol=1e-6)
     loss.backward()
     ddo_grads = [p.grad.clone() for p in generator.parameters()]
@@ -112,9 +134,7 @@ def test_ddo_starts_as_scaled_maximum_likelihood(tmp_path):
 def test_ddo_rounds_move_the_reference_and_resume_is_bit_identical(tmp_path, processes):
     # A round every 3 steps, checkpoints every 2: the step-4 checkpoint's reference is the
     # generator of step 3, which only the checkpoint holds.
-    config = ddo_run(
-        tmp_path, {"ddo_round_steps": 3}, {"max_steps": 6, "save_every": 2, "eval_every": 3, "log_every": 1}
-    )
+    config = ddo_run(tmp_path, {"round_steps": 3}, {"max_steps": 6, "save_every": 2, "eval_every": 3, "log_every": 1})
     out = tmp_path / "out"
     args = ["--config", str(config), "--device", "cpu"]
     check(launch(args, processes, timeout=300))
@@ -147,7 +167,7 @@ def test_ddo_rounds_move_the_reference_and_resume_is_bit_identical(tmp_path, pro
     ("options", "training", "key"),
     [
         ({}, {"d_steps_per_g_step": 1}, "training.d_steps_per_g_step"),
-        ({"ddo_beta": 0.0}, {}, "task_options.ddo_*"),
+        ({"beta": 0.0}, {}, "task_options.beta"),
     ],
 )
 def test_ddo_config_errors_name_the_key(tmp_path, capsys, options, training, key):
