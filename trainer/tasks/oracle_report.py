@@ -1,5 +1,6 @@
-"""The oracle_text benchmark's reports: the stage-1 generator's quality-diversity frontier
-over temperatures, and the stage table against the SeqGAN paper's published figures."""
+"""The oracle_text benchmark's reports: a generator's evals over temperatures, the stage table
+against the SeqGAN paper's published figures, and each stage-2 seed against the frontier (the
+stage-1 and maximum-likelihood generators over temperatures, see :mod:`trainer.frontier`)."""
 
 from __future__ import annotations
 
@@ -125,12 +126,12 @@ def frontier_curves(
         "stage 1": output_dir / "stage1" / "best" / "generator",
         "stage 1 + maximum likelihood": output_dir / MLE_BASELINE / "final" / "generator",
     }
-    return [
-        Curve(name, tuple(Point(t, test, oracle) for t, oracle, test in frontier(str(path), config, overrides,
-                                                                               temperatures, device)))
-        for name, path in generators.items()
-        if path.is_dir()
-    ]  # fmt: skip
+    curves = []
+    for name, path in generators.items():
+        if path.is_dir():
+            rows = frontier(str(path), config, overrides, temperatures, device)
+            curves.append(Curve(name, tuple(Point(t, test, oracle) for t, oracle, test in rows)))
+    return curves
 
 
 def frontier_report(result: StageResult, curves: list[Curve], output_dir: Path) -> tuple[str, list[Verdict]]:
@@ -147,8 +148,8 @@ def frontier_report(result: StageResult, curves: list[Curve], output_dir: Path) 
     lines += [
         f"seed {seed}: {verdict_line(v, 'nll_oracle', 'nll_test')}" for seed, v in zip(points, verdicts, strict=True)
     ]
-    path = plot(curves, {f"stage 2, seed {seed}": p for seed, p in points.items()}, "nll_oracle", "nll_test",
-                output_dir / "frontier.png")  # fmt: skip
+    seeds = {f"stage 2, seed {seed}": point for seed, point in points.items()}
+    path = plot(curves, seeds, "nll_oracle", "nll_test", output_dir / "frontier.png")
     lines.append(f"plot: {path}" if path else "plot: not drawn (pip install matplotlib, the plots extra)")
     lines.append(summary_line(verdicts))
     return "\n".join(lines), verdicts
