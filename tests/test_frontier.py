@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from trainer.frontier import Curve, Point, frontier_at, judge, plot, summary_line, verdict_line
@@ -54,3 +56,9 @@ def test_lines_and_plot(tmp_path):
     assert summary_line(verdicts) == "beyond the frontier: 1 of 2 seeds"
     path = plot(CURVES, {"seed 0": verdicts[0].point}, "nll_oracle", "nll_test", tmp_path / "frontier.png")
     assert path is not None and path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_no_plot_without_matplotlib(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # an import of it raises ImportError
+    assert plot(CURVES, {}, "nll_oracle", "nll_test", tmp_path / "frontier.png") is None
+    assert not (tmp_path / "frontier.png").exists()
