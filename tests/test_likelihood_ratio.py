@@ -176,3 +176,28 @@ def test_ddo_config_errors_name_the_key(tmp_path, capsys, options, training, key
     assert main(["--config", str(config), "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and key in err[0] and str(config) in err[0], err
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "options", [{"generator_objective": "ddo"}, {"generator_objective": "reinforce", "kl_coef": 0.1}]
+)
+def test_a_missing_reference_fails_every_rank_at_start_up(tmp_path, options):
+    """The reference is read with the models, where a failure on any rank fails them all, not
+    at the first generator step (inside the step, after the first discriminator phase)."""
+    config = write_oracle_run(
+        tmp_path,
+        {
+            "task_options": {**options, "mle_weight": 0.0},
+            "training": {"d_steps_per_g_step": 0 if options["generator_objective"] == "ddo" else 1},
+        },
+    )
+    result = launch(["--config", str(config), "--device", "cpu"], 2, timeout=200)
+    assert result.returncode != 0
+    errors = sorted(line for line in result.stderr.splitlines() if line.startswith("error (rank"))
+    assert len(errors) == 2, result.stderr[-3000:]
+    assert "key 'task_options.kl_coef'/'generator_objective' needs a reference generator" in errors[0]
+    assert (
+        errors[1]
+        == "error (rank 1): reading the models and data (main process) failed on rank(s) 0; see that rank's error"
+    )

@@ -79,9 +79,11 @@ def load_model(task: Task, init: str, role: str, build: Callable[[], nn.Module])
 
 
 def read_inputs(task: Task, init: InitSection) -> tuple[nn.Module, nn.Module, Any, Any]:
-    """The generator, the discriminator, the train set and the eval set."""
+    """The generator, the discriminator, the train set and the eval set; the task's frozen
+    models are read too."""
     generator = load_model(task, init.generator, "generator", task.build_generator)
     discriminator = load_model(task, init.discriminator, "discriminator", task.build_discriminator)
+    task.load_frozen()
     return generator, discriminator, task.train_dataset(), task.eval_dataset()
 
 

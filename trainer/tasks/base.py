@@ -214,6 +214,10 @@ class Task:
         """Optional: called after generator optimizer step ``step`` (from 1) with the bare
         generator, the same on every rank; must not communicate."""
 
+    def load_frozen(self) -> None:
+        """Optional: read the frozen models the task builds itself (a reference generator).
+        Called with the models, where a failure on any rank stops every rank before training."""
+
     def checkpoint_modules(self) -> dict[str, nn.Module]:
         """Modules the task changes while training (by name), which checkpoints must hold."""
         return {}

@@ -330,6 +330,11 @@ class SequenceGanTask(Task):
         # fp32 copy is rounding, not 0.
         return self.prepare_frozen(model.eval().requires_grad_(False))
 
+    def load_frozen(self) -> None:
+        """The reference, when the KL penalty, ddo or spin needs it."""
+        if self.options.kl_coef > 0 or self.uses_likelihood_ratio:
+            _ = self.reference
+
     def checkpoint_modules(self) -> dict[str, nn.Module]:
         """The reference when rounds move it: a checkpoint holds it (else it is the starting
         generator, read again on resume)."""
