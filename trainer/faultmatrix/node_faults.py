@@ -24,6 +24,7 @@ from trainer.faultmatrix.runs import (
     error_lines,
     restart_after_kill_outcome,
     wait,
+    with_tail,
 )
 from trainer.testing import ROOT, SCRIPT, free_port
 
@@ -111,9 +112,8 @@ def plain_run(work: Path, processes: int) -> Outcome:
     ok = all(code == 0 for code, _, _ in ends) and bool(train) and train[-1]["step"] == 6 and worlds == {2 * processes}
     exits = "/".join(str(code) for code, _, _ in ends)
     outcome = f"exit {exits}, last train step {train[-1]['step'] if train else None}, world sizes {sorted(worlds)}"
-    if not ok:
-        outcome += " | " + " / ".join(line for _, _, err in ends for line in err.strip().splitlines()[-2:])[-400:]
-    return Outcome(label, processes, ok, outcome, seconds, run.on_disk())
+    tails = "\n".join("\n".join(err.strip().splitlines()[-2:]) for _, _, err in ends)
+    return Outcome(label, processes, ok, with_tail(outcome, ok, tails, 4, 400), seconds, run.on_disk())
 
 
 def restart_after_lost_worker(work: Path, processes: int) -> Outcome:
@@ -168,6 +168,4 @@ def _lost_node(which: str, work: Path, processes: int) -> Outcome:
         f"other node: exit {code}, {len(left)} left, {len(said)} of {len(survivors)} rank(s) said one line"
         f"{', traceback or C++ frames' if noise else ''}: {said[0][:110] if said else ''}"
     )
-    if not ok:
-        outcome += " | " + " / ".join(stderr.strip().splitlines()[-4:])[-600:]
-    return Outcome(label, processes, ok, outcome, seconds, run.on_disk())
+    return Outcome(label, processes, ok, with_tail(outcome, ok, stderr, 4, 600), seconds, run.on_disk())

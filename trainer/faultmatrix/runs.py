@@ -187,6 +187,12 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def with_tail(outcome: str, ok: bool, stderr: str, lines: int, chars: int) -> str:
+    """A failed row's outcome with the last ``lines`` lines of ``stderr`` (at most ``chars``
+    characters) after it: what went wrong; a row that passed, unchanged."""
+    return outcome if ok else outcome + " | " + " / ".join(stderr.strip().splitlines()[-lines:])[-chars:]
+
+
 def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error (rank")]
 
@@ -237,6 +243,4 @@ def restart_after_kill_outcome(
         f"{'killed' if marker.exists() else 'never killed'}; exit {'/'.join(map(str, codes))}, last train step "
         f"{last}, {'resumed from step-0000004' if resumed else 'no resume line'}; vs uninterrupted: {weights}"
     )
-    if not ok:
-        outcome += " | " + " / ".join(stderr.strip().splitlines()[-3:])[-400:]
-    return Outcome(label, processes, ok, outcome, seconds, restarted.on_disk())
+    return Outcome(label, processes, ok, with_tail(outcome, ok, stderr, 3, 400), seconds, restarted.on_disk())
