@@ -351,9 +351,8 @@ class SequenceGanTask(Task):
     def kl_to_reference(self, sequences: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
         """Per-token KL estimate from the reference model on the sampled tokens (the k3
         estimator: exp(r) - r - 1 with r = log p_ref - log p, non-negative and unbiased)."""
-        reference = self.reference.to(sequences.device)
         with torch.no_grad():
-            ref_log_p = self.token_log_probs(reference, sequences)
+            ref_log_p = self.token_log_probs(self.reference, sequences)
         ratio = ref_log_p - log_p
         return ratio.exp() - ratio - 1
 
@@ -375,7 +374,7 @@ class SequenceGanTask(Task):
         reference) the gradient of either is beta/2 x maximum likelihood's: the samples' expected
         score is zero; the samples act as the generator moves away from the reference."""
         o = self.options
-        reference = self.reference.to(rng.device)
+        reference = self.reference
         with torch.no_grad():
             fake = self.generate(reference, num, rng, batch)
         real = self.real(batch)
