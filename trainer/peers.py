@@ -17,6 +17,7 @@ process within ``distributed.stop_grace_s``, it exits with one line.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import select
@@ -44,6 +45,11 @@ PEER_LOST_EXIT_CODE = 1
 #: seconds a rank that lost the store waits for its own run to end before it reports the loss:
 #: at the end of a run the store's host may exit while this rank is still closing
 LOST_STORE_GRACE_S = 2.0
+#: how long closing waits for the watch thread: it may be inside a store call to a slow server,
+#: and a daemon thread that returns from torch while the interpreter finalizes aborts the
+#: process ("terminate called without an active exception") in place of its exit status. A
+#: call to a server that never answers stays blocked and is harmless at exit.
+CLOSE_WAIT_S = 30.0
 #: what torch's and gloo's errors say when the other end of a connection is gone
 LOST_CONNECTION = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused")
 FAILURE_KEY = "failure"
@@ -168,11 +174,12 @@ class PeerWatch:
 
     def close(self) -> None:
         """Stop the thread and let go of the store before the process group ends, so that no
-        thread is inside a store call while the interpreter tears the process down."""
+        thread is inside a store call while the interpreter tears the process down (see
+        :data:`CLOSE_WAIT_S`)."""
         self._closing.set()
         with contextlib.suppress(OSError):
             os.write(self._write_fd, b"\0")  # wakes the select at once
-        self._thread.join(timeout=2 * POLL_S + 1)
+        self._thread.join(timeout=CLOSE_WAIT_S)
         self.store = None
         if self.sentinel is not None:
             self.sentinel.close()
@@ -279,6 +286,9 @@ def start_watch(rank: int, world_size: int, stop_grace_s: float, timeout_s: floa
     global WATCH
     if WATCH is None:
         WATCH = PeerWatch(rank, world_size, stop_grace_s, timeout_s)
+        # a process that exits without end_process_group (a launcher's child, a script of the
+        # user's) still ends the thread before the interpreter finalizes
+        atexit.register(close_watch)
     WATCH.stop_grace_s = stop_grace_s
     return WATCH
 
@@ -308,6 +318,7 @@ def close_watch() -> None:
     if WATCH is not None:
         WATCH.close()
         WATCH = None
+        atexit.unregister(close_watch)
 
 
 def report_failure(exc: BaseException, announce: Callable[[], None]) -> int | None:
