@@ -155,6 +155,9 @@ def test_readme_command_runs(tmp_path, command):
         assert "stage 2" in result.stdout
         assert (tmp_path / "out" / "stage2" / "final" / "generator" / "config.json").is_file()
         assert result.stdout.strip().splitlines()[-1].startswith("beyond the frontier: ")
+        # the first screen: the trainer's lines, no library table and no terminal escape code
+        assert "\x1b[" not in result.stdout + result.stderr and "LOAD REPORT" not in result.stderr
+        assert "discriminator: score head newly initialised; the rest from " in result.stderr
         if "--stage2-config" in command:  # ddo or spin: no discriminator phase
             train = records(tmp_path / "out" / "stage2", "train")
             assert all("log_ratio_real" in r and "d_loss" not in r for r in train)

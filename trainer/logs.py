@@ -32,16 +32,21 @@ def ensure_logging() -> None:
 
 
 @contextlib.contextmanager
-def without_log_records(logger_name: str, text: str) -> Iterator[None]:
-    """While inside, records of ``logger_name`` whose message contains ``text`` are dropped
-    (a library's notice that says nothing a user can act on)."""
+def without_log_records(logger_name: str, *texts: str) -> Iterator[list[logging.LogRecord]]:
+    """While inside, records of ``logger_name`` whose message contains one of ``texts`` are
+    dropped (a library's notice that says nothing a user can act on, or one the trainer says
+    in its own words); the list it yields holds them."""
+    dropped: list[logging.LogRecord] = []
 
     def keep(record: logging.LogRecord) -> bool:
-        return text not in record.getMessage()
+        if any(text in record.getMessage() for text in texts):
+            dropped.append(record)
+            return False
+        return True
 
     source = logging.getLogger(logger_name)
     source.addFilter(keep)
     try:
-        yield
+        yield dropped
     finally:
         source.removeFilter(keep)

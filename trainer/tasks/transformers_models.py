@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import inspect
+import logging
+import os
 from pathlib import Path
 from typing import Any
 
 from transformers import PretrainedConfig
 
 from trainer.errors import CheckpointError, ConfigError
+from trainer.logs import without_log_records
 from trainer.schema import suggestion
+
+logger = logging.getLogger("trainer")
+#: transformers' own report of the keys it read (5.x: a table; 4.x: "Some weights of ..."),
+#: said in the trainer's words in its place
+LOAD_REPORTS = ("LOAD REPORT", "Some weights of")
 
 
 def build_config(fields: dict[str, Any], source: str, **forced: Any) -> PretrainedConfig:
@@ -52,9 +60,54 @@ def load_pretrained(auto_class: Any, path: Path, what: str, **config: Any) -> An
 
 
 def from_pretrained(auto_class: Any, source: str, what: str, **config: Any) -> Any:
-    """``auto_class.from_pretrained(source)`` (a directory or a model id); a failure is one
-    CheckpointError naming the source."""
+    """``auto_class.from_pretrained(source)`` (a directory or a model id); a failure, a weight
+    of another shape included, is one CheckpointError naming the source. What was not read
+    from the checkpoint is said in the trainer's words (:func:`say_loaded_keys`) in place of
+    transformers' load report."""
     try:
-        return auto_class.from_pretrained(source, **config)
+        with without_log_records("transformers.modeling_utils", *LOAD_REPORTS):
+            # mismatched sizes are let through here to be named below with their shapes
+            model, loading = auto_class.from_pretrained(
+                source, output_loading_info=True, ignore_mismatched_sizes=True, **config
+            )
     except (OSError, ValueError, KeyError) as exc:
         raise CheckpointError(f"{source}: cannot load the {what}: {str(exc).splitlines()[0][:200]}") from None
+    say_loaded_keys(model, loading, source, what)
+    return model
+
+
+def say_loaded_keys(model: Any, loading: dict[str, Any], source: str, what: str) -> None:
+    """One line for what is expected: a head the checkpoint lacks (a classifier started from a
+    language model's body) is newly initialised, a head the model lacks is dropped. A weight of
+    the body that is missing or unused is a warning naming it; one of another shape an error."""
+    mismatched = sorted(loading["mismatched_keys"])
+    if mismatched:
+        shapes = ", ".join(
+            f"{key} is {tuple(saved)} in the checkpoint, {tuple(wanted)} in the model"
+            for key, saved, wanted in mismatched[:3]
+        )
+        raise CheckpointError(f"{source}: cannot load the {what}: weights of another shape: {shapes}" + more(mismatched))
+    body = f"{model.base_model_prefix}."
+    missing = sorted(loading["missing_keys"])
+    new_heads = sorted({key.split(".")[0] for key in missing if not key.startswith(body)})
+    if new_heads and os.environ.get("RANK", "0") == "0":
+        logger.info(f"{what}: {', '.join(new_heads)} head newly initialised; the rest from {source}")
+    missing_body = [key for key in missing if key.startswith(body)]
+    if missing_body:
+        logger.warning(
+            f"{what}: {source}: weights missing from the checkpoint, newly initialised: "
+            + ", ".join(missing_body[:5])
+            + more(missing_body, 5)
+        )
+    unused_body = sorted(key for key in loading["unexpected_keys"] if key.startswith(body))
+    if unused_body:
+        logger.warning(
+            f"{what}: {source}: weights of the checkpoint the model does not use: "
+            + ", ".join(unused_body[:5])
+            + more(unused_body, 5)
+        )
+
+
+def more(items: list[Any], shown: int = 3) -> str:
+    """`` and N more`` when a list is cut after ``shown`` items."""
+    return f" and {len(items) - shown} more" if len(items) > shown else ""
