@@ -131,8 +131,16 @@ class DataSection:
     #: text: local files (text, json/jsonl, csv, parquet) of training and eval texts
     train_files: str | list[str] = ""
     eval_files: str | list[str] = ""
-    #: text without eval_files: this share of the training texts held out for eval (by the seed)
+    #: text without eval_files: this share of the training texts held out for eval (by the
+    #: seed), where the dataset has no data.eval_split
     eval_fraction: float = 0.0
+    #: text: a dataset by name (datasets.load_dataset) or a local dataset directory (save_to_disk,
+    #: or a folder of data files), in place of train_files
+    dataset: str = ""
+    #: the dataset's configuration (load_dataset's name), if it has several
+    dataset_config: str = ""
+    train_split: str = "train"
+    eval_split: str = "validation"
 
 
 @dataclass
@@ -309,6 +317,12 @@ def validate(cfg: Config, source: str) -> None:
         for name in as_list(getattr(cfg.data, key)):
             _require(Path(name).is_file(), source, f"data.{key}", f"names {name!r}, which is not a file")
     _require(0 <= cfg.data.eval_fraction < 1, source, "data.eval_fraction", "must be in [0, 1)")
+    _require(
+        not (cfg.data.dataset and as_list(cfg.data.train_files)),
+        source,
+        "data.dataset",
+        "and data.train_files both name the training texts: keep one",
+    )
     d = cfg.distributed
     _require(d.timeout_s > 0, source, "distributed.timeout_s", "must be positive")
     _require(d.watchdog_s >= 0, source, "distributed.watchdog_s", "must be 0 (off) or more")

@@ -80,19 +80,59 @@ def read_texts(files: list[str], column: str, cache_dir: Path) -> Any:
         except Exception as exc:  # each builder raises its own parser's errors
             first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
             raise DataError(f"{name}: cannot read as {builder}: {first[:200]}") from None
-        wanted = "text" if builder == "text" else column
-        if len(table) == 0:
-            raise DataError(f"{name}: no rows")
-        if wanted not in table.column_names:
-            raise DataError(
-                f"{name}: no column {wanted!r} (task_options.text_column); it has {', '.join(table.column_names)}"
-            )
-        table = table.select_columns([wanted])
-        if wanted != "text":
-            table = table.rename_column(wanted, "text")
-        # one string type for all (parquet may hold large_string): the parts must concatenate
-        parts.append(table.cast_column("text", datasets.Value("string")))
+        parts.append(texts_of(table, "text" if builder == "text" else column, name))
     return datasets.concatenate_datasets(parts)
+
+
+def texts_of(table: Any, column: str, source: str) -> Any:
+    """``table``'s ``column`` as the one ``text`` column of strings; a table without rows or
+    without the column is one DataError naming ``source``."""
+    import datasets
+
+    if len(table) == 0:
+        raise DataError(f"{source}: no rows")
+    if column not in table.column_names:
+        raise DataError(
+            f"{source}: no column {column!r} (task_options.text_column); it has {', '.join(table.column_names)}"
+        )
+    table = table.select_columns([column])
+    if column != "text":
+        table = table.rename_column(column, "text")
+    # one string type for all (parquet may hold large_string): the parts must concatenate
+    return table.cast_column("text", datasets.Value("string"))
+
+
+def read_dataset(
+    name: str, config: str, train_split: str, eval_split: str, column: str, cache_dir: Path, eval_required: bool = False
+) -> Any:
+    """The train split of a dataset by name or local directory, and its eval split (None when
+    it has none of that name: a DataError with ``eval_required``), as :func:`texts_of` tables. A directory written by
+    ``save_to_disk`` is read with ``load_from_disk`` (one Dataset is the train split), any
+    other name with ``load_dataset`` (a folder of data files, with a README card or not, or a
+    dataset id); one that cannot be loaded (offline and not cached, no such dataset) is one
+    DataError naming it."""
+    import datasets
+
+    path = Path(name)
+    try:
+        if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+            loaded = datasets.load_from_disk(name)
+        else:
+            loaded = datasets.load_dataset(name, config or None, cache_dir=str(cache_dir))
+    except Exception as exc:  # the Hub's, the builders' and the parsers' errors alike
+        first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise DataError(f"{name}: cannot load the dataset (data.dataset): {first[:200]}") from None
+    splits = loaded if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
+    if train_split not in splits:
+        raise DataError(f"{name}: no split {train_split!r} (data.train_split); it has {', '.join(sorted(splits))}")
+    if eval_required and eval_split not in splits:
+        raise DataError(
+            f"{name}: no split {eval_split!r} (data.eval_split) and data.eval_fraction is 0; "
+            f"it has {', '.join(sorted(splits))}"
+        )
+    train = texts_of(splits[train_split], column, f"{name} ({train_split})")
+    held_out = texts_of(splits[eval_split], column, f"{name} ({eval_split})") if eval_split in splits else None
+    return train, held_out
 
 
 def has_text(row: dict[str, Any]) -> bool:
@@ -146,9 +186,11 @@ class TextTask(SequenceGanTask):
         self.validate_training()
         if cfg.data.path:
             raise ConfigError(f"{run.source}: key 'data.path': the text recipe reads data.train_files")
-        if not as_list(cfg.data.train_files):
-            raise ConfigError(f"{run.source}: key 'data.train_files' is empty: name your training texts")
-        if not as_list(cfg.data.eval_files) and cfg.data.eval_fraction <= 0:
+        if not (as_list(cfg.data.train_files) or cfg.data.dataset):
+            raise ConfigError(
+                f"{run.source}: key 'data.train_files' is empty: name your training texts (or data.dataset)"
+            )
+        if not (as_list(cfg.data.eval_files) or cfg.data.dataset) and cfg.data.eval_fraction <= 0:
             raise ConfigError(f"{run.source}: key 'data.eval_files' is empty and data.eval_fraction is 0")
         if cfg.eval.prefix_len:
             raise ConfigError(f"{run.source}: key 'eval.prefix_len': the text recipe generates unconditionally (0)")
@@ -213,10 +255,23 @@ class TextTask(SequenceGanTask):
         data, o = self.config.data, self.options
         cache = cache_root(data.cache_dir) / "datasets"
         train_files, eval_files = as_list(data.train_files), as_list(data.eval_files)
-        train = read_texts(train_files, o.text_column, cache)
+        if data.dataset:
+            train_files = [data.dataset]
+            hold_out = not eval_files and data.eval_fraction > 0
+            train, held_out = read_dataset(
+                data.dataset,
+                data.dataset_config,
+                data.train_split,
+                data.eval_split,
+                o.text_column,
+                cache,
+                eval_required=not (eval_files or hold_out),
+            )
+        else:
+            train, held_out = read_texts(train_files, o.text_column, cache), None
         if eval_files:
             held_out = read_texts(eval_files, o.text_column, cache)
-        else:
+        elif held_out is None:
             split = train.train_test_split(test_size=data.eval_fraction, seed=self.config.training.seed)
             train, held_out = split["train"], split["test"]
         splits = {}

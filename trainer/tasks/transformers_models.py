@@ -86,7 +86,9 @@ def say_loaded_keys(model: Any, loading: dict[str, Any], source: str, what: str)
             f"{key} is {tuple(saved)} in the checkpoint, {tuple(wanted)} in the model"
             for key, saved, wanted in mismatched[:3]
         )
-        raise CheckpointError(f"{source}: cannot load the {what}: weights of another shape: {shapes}" + more(mismatched))
+        raise CheckpointError(
+            f"{source}: cannot load the {what}: weights of another shape: {shapes}" + more(mismatched)
+        )
     body = f"{model.base_model_prefix}."
     missing = sorted(loading["missing_keys"])
     new_heads = sorted({key.split(".")[0] for key in missing if not key.startswith(body)})
