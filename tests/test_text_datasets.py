@@ -61,7 +61,9 @@ def test_a_folder_of_data_files_with_a_card_reads_its_splits(tmp_path):
     assert len(train) == 5 and held_out is None  # no such split: the caller holds texts out
     with pytest.raises(DataError, match=f"{folder}: no split 'training' \\(data.train_split\\); it has test, train"):
         read_dataset(str(folder), "", "training", "test", "text", tmp_path / "cache")
-    with pytest.raises(DataError, match=f"{folder} \\(train\\): no column 'body' \\(task_options.text_column\\); it has text"):
+    with pytest.raises(
+        DataError, match=f"{folder} \\(train\\): no column 'body' \\(task_options.text_column\\); it has text"
+    ):
         read_dataset(str(folder), "", "train", "test", "body", tmp_path / "cache")
 
 

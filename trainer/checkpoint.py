@@ -24,7 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
-from trainer import collectives
+from trainer import adapters, collectives
 from trainer.config import Config
 from trainer.errors import CheckpointError
 from trainer.logs import without_log_records
@@ -356,25 +356,41 @@ def load_checkpoint(
 
 
 def export_model(
-    accelerator: Accelerator, model: nn.Module, directory: Path, extras: Callable[[Path], None] | None = None
+    accelerator: Accelerator,
+    model: nn.Module,
+    directory: Path,
+    extras: Callable[[Path], None] | None = None,
+    merge_adapter: bool = True,
 ) -> None:
     """Write ``model``'s weights (safetensors) to ``directory``, replacing it as a whole;
     ``extras`` writes more files into it first (on the main process).
 
-    A transformers model is written with ``save_pretrained`` so ``from_pretrained`` loads it.
+    A transformers model is written with ``save_pretrained`` so ``from_pretrained`` loads it;
+    one with an adapter as :func:`trainer.adapters.adapted_exports` says (``merge_adapter``).
     Called on every rank: gathering a sharded state dict is a collective.
     """
     state = accelerator.get_state_dict(model)
     if not accelerator.is_main_process:
         return
+    bare = accelerator.unwrap_model(model)
+
+    def weights(path: Path) -> None:
+        if hasattr(bare, "save_pretrained"):
+            bare.save_pretrained(path, state_dict=state)
+        else:
+            path.mkdir(parents=True)
+            save_file({k: v.contiguous() for k, v in state.items()}, str(path / WEIGHTS_NAME))
+
+    writers = adapters.adapted_exports(bare, directory, merge_adapter) if adapters.is_adapted(bare) else {}
+    for target, write in (writers or {directory: weights}).items():
+        publish(target, write, extras)
+
+
+def publish(directory: Path, write: Callable[[Path], None], extras: Callable[[Path], None] | None) -> None:
+    """``write`` (then ``extras``) into a partial directory, then renamed to ``directory`` whole."""
     partial = directory.with_name(f".partial-{directory.name}")
     shutil.rmtree(partial, ignore_errors=True)
-    bare = accelerator.unwrap_model(model)
-    if hasattr(bare, "save_pretrained"):
-        bare.save_pretrained(partial, state_dict=state)
-    else:
-        partial.mkdir(parents=True)
-        save_file({k: v.contiguous() for k, v in state.items()}, str(partial / WEIGHTS_NAME))
+    write(partial)
     if extras is not None:
         extras(partial)
     if directory.exists():

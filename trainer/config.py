@@ -37,6 +37,14 @@ class ModelSection:
     #: every dropout probability of both models set to 0 (TRL's name), so that a policy
     #: gradient samples and scores under one distribution
     disable_dropout: bool = False
+    #: a LoRA adapter on the generator (only the adapter trains): peft.LoraConfig fields, or
+    #: a saved adapter's directory whose config is reused; empty: none
+    peft: dict[str, Any] | str = ""
+    #: the same for the discriminator (its classifier head trains whole)
+    discriminator_peft: dict[str, Any] | str = ""
+    #: best/ and final/: the model with its adapter merged in (beside the adapter), else the
+    #: adapter alone
+    peft_merge_on_export: bool = True
 
 
 @dataclass
@@ -317,6 +325,12 @@ def validate(cfg: Config, source: str) -> None:
         for name in as_list(getattr(cfg.data, key)):
             _require(Path(name).is_file(), source, f"data.{key}", f"names {name!r}, which is not a file")
     _require(0 <= cfg.data.eval_fraction < 1, source, "data.eval_fraction", "must be in [0, 1)")
+    _require(
+        cfg.model.peft == "" or not t.ema_decay,
+        source,
+        "training.ema_decay",
+        "with model.peft: the average would copy the base weights the adapter leaves frozen; set it to 0",
+    )
     _require(
         not (cfg.data.dataset and as_list(cfg.data.train_files)),
         source,

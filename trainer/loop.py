@@ -23,7 +23,7 @@ from accelerate.utils import DistributedType, set_seed
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from trainer import checkpoint, collectives, peers, setup, world
+from trainer import adapters, checkpoint, collectives, peers, setup, world
 from trainer.checkpoint import Checkpoints, TrainState
 from trainer.config import RunConfig
 from trainer.ema import GeneratorEma
@@ -160,10 +160,11 @@ class Trainer(RunOutputs):
             logger.warning("fp16 was requested but accelerate runs fp32 on the CPU (no autocast, no GradScaler)")
         set_seed(t.seed)
         task.prepare_frozen = functools.partial(setup.place_frozen, acc)
+        adapters.checkpoint_adapters_only(acc)
         run_id = setup.claim_run(acc, self.run, not self.resume, self.overwrite) if training else ""
         # The main process first: a task may build a data cache that the other ranks then read.
         generator, discriminator, train_set, eval_set = collectives.main_process_first(
-            acc, "reading the models and data", lambda: setup.read_inputs(task, cfg.init)
+            acc, "reading the models and data", lambda: setup.read_inputs(task, cfg)
         )
         setup.set_modes(generator, discriminator, t, cfg.model.disable_dropout)
         # the average starts as a copy of the generator before accelerate wraps it

@@ -145,7 +145,13 @@ class RunOutputs:
         with HEARTBEAT.long_work(f"writing {name}/ (main process)"):
             for directory, model in models.items():
                 extras = functools.partial(self.task.save_with, directory.removesuffix("_raw"))
-                checkpoint.export_model(self.accelerator, model, self.output_dir / name / directory, extras)
+                checkpoint.export_model(
+                    self.accelerator,
+                    model,
+                    self.output_dir / name / directory,
+                    extras,
+                    self.config.model.peft_merge_on_export,
+                )
             collectives.barrier(self.accelerator, f"after writing {name}/")
 
     @watched

@@ -17,7 +17,7 @@ from accelerate import Accelerator
 from torch import nn
 from transformers import get_scheduler
 
-from trainer import checkpoint, collectives
+from trainer import adapters, checkpoint, collectives
 from trainer.config import Config, InitSection, OptimizerSection, RunConfig, TrainingSection
 from trainer.errors import CheckpointError
 from trainer.model_configs import is_model_source
@@ -78,13 +78,29 @@ def load_model(task: Task, init: str, role: str, build: Callable[[], nn.Module])
     return model
 
 
-def read_inputs(task: Task, init: InitSection) -> tuple[nn.Module, nn.Module, Any, Any]:
-    """The generator, the discriminator, the train set and the eval set; the task's frozen
-    models are read too."""
+def read_inputs(task: Task, cfg: Config) -> tuple[nn.Module, nn.Module, Any, Any]:
+    """The generator, the discriminator (each with its adapter, if any), the train set and
+    the eval set; the task's frozen models are read too."""
+    init, model, source = cfg.init, cfg.model, task.run.source
     generator = load_model(task, init.generator, "generator", task.build_generator)
     discriminator = load_model(task, init.discriminator, "discriminator", task.build_discriminator)
+    # an adapter on a model the run trains (a frozen one would gain nothing from it)
+    if trains("generator", cfg.training):
+        generator = adapters.with_adapter(generator, model.peft, "generator", "model.peft", source)
+    if trains("discriminator", cfg.training):
+        key = "model.discriminator_peft"
+        discriminator = adapters.with_adapter(discriminator, model.discriminator_peft, "discriminator", key, source)
+    task.adapted_generator = generator if adapters.is_adapted(generator) else None
     task.load_frozen()
     return generator, discriminator, task.train_dataset(), task.eval_dataset()
+
+
+def trains(role: str, training: TrainingSection) -> bool:
+    """Whether the run trains ``role``'s model: not the generator of a stage-1 discriminator
+    run, nor the discriminator of an MLE run or of a run without discriminator steps."""
+    if role == "generator":
+        return training.objective != "discriminator"
+    return training.objective != "mle" and training.d_steps_per_g_step > 0
 
 
 #: dropout modules: their ``p`` is the probability; transformers' attention kernels take theirs
@@ -98,8 +114,8 @@ def set_modes(generator: nn.Module, discriminator: nn.Module, training: Training
     generator of a stage-1 discriminator run, a frozen discriminator, the discriminator of an
     MLE run). ``from_pretrained`` and a user's builders may return either; the eval switches
     to eval mode and back. ``disable_dropout``: every dropout probability of both models 0."""
-    generator.train(training.objective != "discriminator")
-    discriminator.train(training.objective != "mle" and training.d_steps_per_g_step > 0)
+    generator.train(trains("generator", training))
+    discriminator.train(trains("discriminator", training))
     if not disable_dropout:
         return
     for module in (*generator.modules(), *discriminator.modules()):

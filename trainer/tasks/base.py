@@ -82,6 +82,9 @@ class Task:
         #: ones are placed: on their device, under the run's mixed precision. The trainer sets
         #: it (setup.place_frozen); a task used alone keeps models as built.
         self.prepare_frozen: Callable[[nn.Module], nn.Module] = lambda model: model
+        #: the generator when it carries an adapter (``model.peft``; set with the models): with
+        #: the adapter off it is the starting generator
+        self.adapted_generator: nn.Module | None = None
         self.options: Any = from_mapping(self.Options, run.config.task_options, run.source, prefix="task_options.")
         self.generator_config: Any = (
             from_mapping(self.GeneratorConfig, run.generator, run.generator_source)

@@ -28,6 +28,7 @@ from transformers import (
 )
 
 from trainer import losses
+from trainer.adapters import AdapterOff
 from trainer.errors import ConfigError
 from trainer.logs import without_log_records
 from trainer.tasks.base import Penalties, Task
@@ -145,6 +146,11 @@ class SequenceGanTask(Task):
                 raise ConfigError(
                     f"{self.run.source}: key 'task_options.beta'/'ddo_alpha'/'round_steps': beta must be "
                     "positive, ddo_alpha and round_steps not negative"
+                )
+            if o.round_steps and cfg.model.peft != "":
+                raise ConfigError(
+                    f"{self.run.source}: key 'task_options.round_steps': with model.peft the reference is the "
+                    "generator with its adapter off, which rounds cannot move; set it to 0"
                 )
 
     @property
@@ -318,7 +324,11 @@ class SequenceGanTask(Task):
     @functools.cached_property
     def reference(self) -> nn.Module:
         """The frozen generator the KL penalty, ddo and spin measure from: ``init.generator`` (the stage-1
-        generator), else the pretrained generator the run starts from."""
+        generator), else the pretrained generator the run starts from; with an adapter on the
+        generator (``model.peft``), the generator with its adapter off."""
+        if self.adapted_generator is not None:
+            # the base weights under the adapter are the starting generator's: no second copy
+            return AdapterOff(self.adapted_generator)
         source = self.config.init.generator or self.run.generator_source
         model = load_pretrained(AutoModelForCausalLM, Path(source), "reference generator")
         if model is None:
