@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The version floors of setup.cfg, tested: a second environment with exactly the lowest
-# versions setup.cfg admits, then the resume, agreement, start-up, fault, text-recipe, EMA and
-# frozen-discriminator tests in it.
+# versions setup.cfg admits (the peft extra's included), then the resume, agreement, start-up,
+# fault, text-recipe, EMA, frozen-discriminator, adapter, dataset and model-loading tests in it.
 #
 #     bash scripts/check_floors.sh [VENV_DIR]        (default: .venv-floors)
 #
@@ -18,7 +18,9 @@ floors=$(python3 - <<'EOF'
 import configparser
 cfg = configparser.ConfigParser()
 cfg.read("setup.cfg")
-for line in cfg["options"]["install_requires"].strip().splitlines():
+lines = cfg["options"]["install_requires"].strip().splitlines()
+lines += cfg["options.extras_require"]["peft"].strip().splitlines()  # an optional extra, tested too
+for line in lines:
     name, _, version = line.strip().partition(">=")
     print(f"{name}=={version}")
 EOF
@@ -30,8 +32,8 @@ pip install --quiet --upgrade pip
 pip install --quiet $floors "pytest>=8" "pytest-timeout>=2.3"
 pip install --quiet --no-deps -e .
 echo "floor environment:"
-pip list 2>/dev/null | grep -i -E '^(torch|accelerate|transformers|datasets|safetensors|pyyaml|tqdm) '
+pip list 2>/dev/null | grep -i -E '^(torch|accelerate|transformers|datasets|safetensors|pyyaml|tqdm|peft) '
 export OMP_NUM_THREADS=1
 python -m pytest -q -p no:cacheprovider tests/test_resume.py tests/test_agreement.py tests/test_startup.py \
     tests/test_one_rank_errors.py tests/test_run_ownership.py tests/test_faults.py tests/test_text.py \
-    tests/test_ema.py tests/test_frozen_discriminator.py
+    tests/test_ema.py tests/test_frozen_discriminator.py tests/test_peft.py tests/test_text_datasets.py tests/test_model_loading.py

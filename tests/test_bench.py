@@ -93,3 +93,17 @@ def test_mixture_seeds_prints_the_mean_and_range_of_each_variant(tmp_path):
         "0.0400]",
         "1/2",
     ]
+
+
+@pytest.mark.timeout(300)
+def test_bench_peft_prints_each_variant_and_the_ratios(tmp_path):
+    pytest.importorskip("peft")
+    command = [sys.executable, str(ROOT / "scripts" / "bench_peft.py"), "--size", "tiny", "--steps", "1"]
+    command += ["--warmup", "0", "--output-dir", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines()[1:-1]}
+    assert list(rows) == ["full", "lora", "lora-both"], done.stdout
+    trained = [int(rows[v][2].replace(",", "")) for v in rows]
+    assert trained[0] > trained[1] > trained[2] > 0  # the adapters train far fewer weights
+    assert re.fullmatch(r"ratio lora/full: memory [\d.]+, steps/s [\d.]+", done.stdout.splitlines()[-1])

@@ -201,3 +201,24 @@ def test_a_missing_reference_fails_every_rank_at_start_up(tmp_path, options):
         errors[1]
         == "error (rank 1): reading the models and data (main process) failed on rank(s) 0; see that rank's error"
     )
+
+
+def test_a_placed_reference_keeps_its_forward_signature():
+    """The frozen reference's forward runs under the run's autocast; transformers' generate
+    (4.45) reads the forward's signature to check its keyword arguments, so the wrapper keeps
+    it (else: "model_kwargs are not used by the model: ['attention_mask']")."""
+    import inspect
+
+    from accelerate import Accelerator
+
+    from trainer.setup import place_frozen
+    from trainer.world import release_accelerator
+
+    model = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=20))
+    expected = inspect.signature(model.forward)
+    try:
+        placed = place_frozen(Accelerator(cpu=True), model)
+    finally:
+        release_accelerator()
+    assert inspect.signature(placed.forward) == expected
+    assert "attention_mask" in inspect.signature(placed.forward).parameters

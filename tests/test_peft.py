@@ -34,6 +34,25 @@ def adapter_keys(path):
     return sorted(load_file(str(path)))
 
 
+def resumable_copy(out, resumed, config):
+    """A copy of run ``out`` at ``resumed`` without its last checkpoint and its final weights,
+    and its config; returns the config's path."""
+    shutil.copytree(out, resumed)
+    for name in ("checkpoints/step-0000004", "final"):
+        shutil.rmtree(resumed / name)
+    path = resumed.parent / "train.yaml"
+    path.write_text(config.read_text().replace(str(out), str(resumed)))
+    return path
+
+
+def assert_same_adapters(out, resumed):
+    for role in ("generator", "discriminator"):
+        name = f"final/{role}-adapter/adapter_model.safetensors"
+        uninterrupted, again = load_file(str(out / name)), load_file(str(resumed / name))
+        assert uninterrupted.keys() == again.keys()
+        assert all(torch.equal(uninterrupted[k], again[k]) for k in uninterrupted), role
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("architecture", ["gpt2", "llama"])
 def test_stage1_in_one_process_then_stage2_in_two_with_adapters(tmp_path, example, architecture):
@@ -85,18 +104,21 @@ def test_stage1_in_one_process_then_stage2_in_two_with_adapters(tmp_path, exampl
         assert (out / "final" / role / "model.safetensors").is_file()
 
     # resumed from step 2 in 2 processes: the same adapters, bit for bit
-    resumed = tmp_path / "resumed"
-    shutil.copytree(out, resumed / "out")
-    for name in ("checkpoints/step-0000004", "final"):
-        shutil.rmtree(resumed / "out" / name)
-    config = stage2.read_text().replace(str(out), str(resumed / "out"))
-    (resumed / "train.yaml").write_text(config)
-    check(launch(["--config", str(resumed / "train.yaml"), "--device", "cpu", "--resume", "latest"], 2, timeout=300))
-    for role in ("generator", "discriminator"):
-        name = f"final/{role}-adapter/adapter_model.safetensors"
-        uninterrupted, again = load_file(str(out / name)), load_file(str(resumed / "out" / name))
-        assert uninterrupted.keys() == again.keys()
-        assert all(torch.equal(uninterrupted[k], again[k]) for k in uninterrupted), role
+    config = resumable_copy(out, tmp_path / "resumed" / "out", stage2)
+    check(launch(["--config", str(config), "--device", "cpu", "--resume", "latest"], 2, timeout=300))
+    assert_same_adapters(out, tmp_path / "resumed" / "out")
+
+
+@pytest.mark.timeout(300)
+def test_a_resumed_run_in_one_process_ends_with_the_same_adapters(tmp_path, example):
+    overrides = {"model": {"peft": LORA, "discriminator_peft": LORA}, "task_options": {"kl_coef": 0.1}}
+    config = write_text_run(tmp_path / "whole", example["llama"], overrides)
+    assert main(["--config", str(config), "--device", "cpu"]) == 0
+    out, resumed = tmp_path / "whole" / "out", tmp_path / "resumed" / "out"
+    again = resumable_copy(out, resumed, config)
+    assert main(["--config", str(again), "--device", "cpu", "--resume", "latest"]) == 0
+    assert_same_adapters(out, resumed)
+    assert [r["g_loss"] for r in records(out, "train")][2:] == [r["g_loss"] for r in records(resumed, "train")][2:]
 
 
 def started(config_path) -> Trainer:

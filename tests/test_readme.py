@@ -37,6 +37,10 @@ COVERED = {
     "python scripts/bench_text.py": "a benchmark (minutes); tests/test_bench.py runs it at the tiny size "
     "through scripts/gpu_check.sh",
     "bash scripts/gpu_check.sh": "needs a GPU; tests/test_bench.py runs it with DEVICE=cpu",
+    'pip install -e ".[peft]"': ".ci/run installs the dev extra, which holds the peft extra's library",
+    "python scripts/bench_peft.py": "a benchmark (an hour on a 2-core CPU); tests/test_bench.py runs it at the "
+    "tiny size",
+    "python scripts/bench_peft.py --checkpointing": "a benchmark; tests/test_bench.py runs it at the tiny size",
     "PYTHONPATH=. accelerate launch --config_file accelerate_configs/8gpu.yaml --num_processes 2 "
     "scripts/train_stage2.py --config two_peaks.yaml --device cpu": "tests/test_custom_task.py",
 }

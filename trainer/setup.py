@@ -5,6 +5,7 @@ optimizers and schedulers. None of them runs a collective except where it says s
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import uuid
 from collections.abc import Callable
@@ -133,6 +134,7 @@ def place_frozen(accelerator: Accelerator, model: nn.Module) -> nn.Module:
     model = model.to(accelerator.device)
     forward = model.forward
 
+    @functools.wraps(forward)  # the signature stays: generate reads it to check its arguments
     def autocast_forward(*args: Any, **kwargs: Any) -> Any:
         with accelerator.autocast():
             return forward(*args, **kwargs)
