@@ -17,6 +17,20 @@ LAUNCH_TIMEOUT = 240
 
 TINY_GENERATOR = {"latent_dim": 2, "hidden_dim": 16, "num_layers": 2}
 TINY_DISCRIMINATOR = {"hidden_dim": 16, "num_layers": 2}
+#: PacGAN's models, tiny: a BatchNorm generator, a maxout discriminator, N(0, 0.02) weights
+PACGAN_GENERATOR = {**TINY_GENERATOR, "batch_norm": True, "init_std": 0.02}
+PACGAN_DISCRIMINATOR = {"hidden_dim": 8, "num_layers": 2, "maxout_pieces": 3, "init_std": 0.02}
+
+
+def pacgan_models(tmp: Path) -> dict[str, str]:
+    """Write the tiny PacGAN model configs; the ``model`` section that names them."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "pacgan_generator.yaml").write_text(yaml.safe_dump(PACGAN_GENERATOR))
+    (tmp / "pacgan_discriminator.yaml").write_text(yaml.safe_dump(PACGAN_DISCRIMINATOR))
+    return {
+        "generator_config": str(tmp / "pacgan_generator.yaml"),
+        "discriminator_config": str(tmp / "pacgan_discriminator.yaml"),
+    }
 
 
 def write_run(tmp: Path, config: dict[str, Any]) -> Path:

@@ -76,6 +76,15 @@ ORACLE_TINY = [
     "--set=stage1.discriminator.training.max_steps=2",
 ]
 
+#: a PacGAN config at a few steps (the later --set wins)
+PACGAN_TINY = [
+    "--set=training.max_steps=4",
+    "--set=training.eval_every=2",
+    "--set=training.save_every=2",
+    "--set=data.train_size=4000",
+    "--set=eval.batch_size=500",
+]
+
 #: mixture_seeds at a tiny size: one seed, a few steps (its variant runs too)
 MIXTURE_TINY = ["--seeds", "0", "--set", "training.max_steps=4", "--set", "training.eval_every=2"]
 
@@ -92,6 +101,8 @@ RUN = {
     "python scripts/run_oracle.py --device cpu --stage2-config configs/training/stage2_spin.yaml": ORACLE_TINY,
     "python scripts/train_stage1.py --device cpu": ORACLE_TINY,
     "python scripts/train_stage2.py --config configs/training/ring.yaml --device cpu": RING_DEBUG,
+    "python scripts/train_stage2.py --config configs/training/grid_pacgan.yaml --device cpu "
+    "--set training.max_steps=20000": PACGAN_TINY,
     "python scripts/train_stage2.py --config configs/training/ring.yaml --device cpu --debug": [],
     "torchrun --standalone --nproc_per_node 2 scripts/train_stage2.py --config configs/training/ring.yaml "
     "--device cpu": RING_DEBUG,

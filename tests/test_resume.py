@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 import torch
-from helpers import check, launch, records, write_run
+from helpers import check, launch, pacgan_models, records, write_run
 from safetensors.torch import load_file
 
 from trainer.checkpoint import STATE_NAME, resolve_resume
@@ -20,14 +20,19 @@ def weights(directory):
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize(("processes", "ema"), [(1, 0.0), (2, 0.0), (1, 0.8), (2, 0.8)])
-def test_resume_is_bit_identical(tmp_path, processes, ema):
+@pytest.mark.parametrize(
+    ("processes", "ema", "models"),
+    [(1, 0.0, "mlp"), (2, 0.0, "mlp"), (1, 0.8, "mlp"), (2, 0.8, "mlp"), (1, 0.0, "pacgan"), (2, 0.8, "pacgan")],
+)
+def test_resume_is_bit_identical(tmp_path, processes, ema, models):
     # 40 samples in batches of 4 with 2 micro-batches per phase: the checkpoint at step 3
     # falls in the middle of an epoch, with Adam state, a decaying learning rate and the
     # noise generator all mid-way (and the average of the generator, from step 1 with warm-up).
+    # PacGAN's models add BatchNorm's running statistics (and maxout) to what must resume.
     config = write_run(
         tmp_path,
         {
+            **({"model": pacgan_models(tmp_path)} if models == "pacgan" else {}),
             "training": {
                 "max_steps": 6,
                 "save_every": 3,

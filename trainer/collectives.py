@@ -48,6 +48,29 @@ def mean_over_ranks(accelerator: Accelerator, values: torch.Tensor, what: str) -
     return accelerator.reduce(values, reduction="mean")
 
 
+def share_running_statistics(accelerator: Accelerator, model: torch.nn.Module, what: str) -> None:
+    """The running statistics of ``model``'s normalisation layers (BatchNorm's mean, variance
+    and count) made rank 0's on every rank: one broadcast per tensor, none without such layers
+    (the model's structure, the same on every rank, decides).
+
+    Each rank normalises a training batch by that batch's own statistics, as in one process,
+    and moves its running statistics by its own batches; DDP copies rank 0's into the others
+    only at the start of its next forward. Taken at the end of each step, rank 0's make evals,
+    exports and checkpoints see one model on every rank (SyncBatchNorm would instead put an
+    all-reduce inside every training forward, the trainer's rank-local generation included).
+    """
+    statistics = [
+        tensor
+        for module in model.modules()
+        if getattr(module, "track_running_stats", False) and getattr(module, "running_mean", None) is not None
+        for tensor in (module.running_mean, module.running_var, module.num_batches_tracked)
+    ]
+    if accelerator.num_processes == 1 or not statistics:
+        return
+    HEARTBEAT.collective_entered(f"broadcast ({what})")
+    broadcast(statistics, from_process=0)
+
+
 def backward(accelerator: Accelerator, loss: torch.Tensor, what: str) -> None:
     """accelerate's backward; under DDP at a sync point it all-reduces the gradients."""
     if accelerator.sync_gradients and accelerator.num_processes > 1:

@@ -249,7 +249,9 @@ class Trainer(RunOutputs):
         return self.task.generator_loss(self.g.model, self.d.bare, self.config.training.batch_size, self.noise, batch)
 
     def _after_generator_step(self) -> None:
-        """The moving average, then the task's own update (a DDO round), from the bare weights."""
+        """The moving average, then the task's own update (a DDO round), from the bare weights
+        (and rank 0's running statistics, so that the average is the same on every rank)."""
+        collectives.share_running_statistics(self.accelerator, self.g.bare, "generator running statistics")
         if self.ema is not None:
             self.ema.update(self.g.bare, self.g.steps)
         self.task.after_generator_step(self.g.bare, self.g.steps)
@@ -318,6 +320,8 @@ class Trainer(RunOutputs):
                     self.run_phase(self.d)
             if t.objective != "discriminator":
                 self.run_phase(self.g)
+            for phase in (self.d, self.g):
+                collectives.share_running_statistics(self.accelerator, phase.bare, f"{phase.role} running statistics")
         self.state.step += 1
         self._steps_run += 1
         HEARTBEAT.beat("end of step (agreement, log, eval, save)", self.state.step)

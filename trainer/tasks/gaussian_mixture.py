@@ -29,21 +29,69 @@ class GeneratorConfig:
     latent_dim: int = 2
     hidden_dim: int = 400
     num_layers: int = 4
+    #: each hidden layer Linear without bias, BatchNorm, ReLU (PacGAN's generator)
+    batch_norm: bool = False
+    #: weights drawn from N(0, init_std) and biases 0 (PacGAN: 0.02); 0: PyTorch's default
+    init_std: float = 0.0
 
 
 @dataclass
 class DiscriminatorConfig:
     hidden_dim: int = 200
     num_layers: int = 3
+    #: hidden layers of maxout units of this many pieces each (PacGAN: 5); 0: ReLU layers
+    maxout_pieces: int = 0
+    init_std: float = 0.0
 
 
-def mlp(in_dim: int, hidden_dim: int, num_layers: int, out_dim: int) -> nn.Sequential:
-    """``num_layers`` hidden ReLU layers of ``hidden_dim``, then a linear output."""
+#: PacGAN's batch normalisation (its library's defaults): epsilon 1e-4, and population
+#: statistics moved by 0.05 of the batch's at each training forward
+BATCH_NORM_EPS, BATCH_NORM_MOMENTUM = 1e-4, 0.05
+
+
+class Maxout(nn.Module):
+    """``out_dim`` maxout units: each the largest of ``pieces`` linear functions of the input."""
+
+    def __init__(self, in_dim: int, out_dim: int, pieces: int) -> None:
+        super().__init__()
+        self.pieces = pieces
+        self.linear = nn.Linear(in_dim, out_dim * pieces)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x).unflatten(-1, (-1, self.pieces)).amax(-1)
+
+
+def mlp(
+    in_dim: int,
+    hidden_dim: int,
+    num_layers: int,
+    out_dim: int,
+    batch_norm: bool = False,
+    maxout_pieces: int = 0,
+    init_std: float = 0.0,
+) -> nn.Sequential:
+    """``num_layers`` hidden layers of ``hidden_dim`` (ReLU; Linear without bias, BatchNorm,
+    ReLU with ``batch_norm``; maxout units with ``maxout_pieces``), then a linear output;
+    with ``init_std`` every weight drawn from N(0, init_std) and every bias 0."""
     layers: list[nn.Module] = []
     for i in range(num_layers):
-        layers += [nn.Linear(in_dim if i == 0 else hidden_dim, hidden_dim), nn.ReLU()]
+        width = in_dim if i == 0 else hidden_dim
+        if maxout_pieces:
+            layers.append(Maxout(width, hidden_dim, maxout_pieces))
+        elif batch_norm:
+            norm = nn.BatchNorm1d(hidden_dim, eps=BATCH_NORM_EPS, momentum=BATCH_NORM_MOMENTUM)
+            layers += [nn.Linear(width, hidden_dim, bias=False), norm, nn.ReLU()]
+        else:
+            layers += [nn.Linear(width, hidden_dim), nn.ReLU()]
     layers.append(nn.Linear(hidden_dim if num_layers else in_dim, out_dim))
-    return nn.Sequential(*layers)
+    model = nn.Sequential(*layers)
+    if init_std:
+        for module in model.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, 0.0, init_std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+    return model
 
 
 def mixture_modes(mixture: str) -> tuple[torch.Tensor, float]:
@@ -110,14 +158,22 @@ class GaussianMixtureTask(Task):
                 f"and divide training.batch_size ({batch_size})"
             )
         self.centres, self.std = mixture_modes(self.options.mixture)
+        g, d = self.generator_config, self.discriminator_config
+        for source, model in ((run.generator_source, g), (run.discriminator_source, d)):
+            if model.num_layers < 0 or model.hidden_dim < 1 or model.init_std < 0:
+                raise ConfigError(f"{source}: keys 'num_layers', 'hidden_dim', 'init_std' must be at least 0, 1 and 0")
+        if d.maxout_pieces == 1 or d.maxout_pieces < 0:
+            raise ConfigError(f"{run.discriminator_source}: key 'maxout_pieces' must be 0 (ReLU layers) or at least 2")
 
     def build_generator(self) -> nn.Module:
         g = self.generator_config
-        return mlp(g.latent_dim, g.hidden_dim, g.num_layers, 2)
+        return mlp(g.latent_dim, g.hidden_dim, g.num_layers, 2, batch_norm=g.batch_norm, init_std=g.init_std)
 
     def build_discriminator(self) -> nn.Module:
         d = self.discriminator_config
-        return mlp(2 * self.options.packing, d.hidden_dim, d.num_layers, 1)
+        return mlp(
+            2 * self.options.packing, d.hidden_dim, d.num_layers, 1, maxout_pieces=d.maxout_pieces, init_std=d.init_std
+        )
 
     def collate(self, items: Any) -> Any:
         return items  # TensorRows.__getitems__ already returns the batch

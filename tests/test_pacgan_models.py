@@ -1,0 +1,88 @@
+"""PacGAN's 2-D models as gaussian_mixture options: the BatchNorm generator (Linear without
+bias, BatchNorm, ReLU), the maxout discriminator, the N(0, 0.02) init; BatchNorm's running
+statistics are rank 0's on every rank at the end of each step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import yaml
+from helpers import PACGAN_DISCRIMINATOR, ROOT, launch, pacgan_models, records, write_run
+from torch import nn
+
+from trainer.cli import main
+from trainer.tasks.gaussian_mixture import Maxout, mlp
+
+
+def pacgan_run(tmp_path, config=None):
+    return write_run(tmp_path, {"model": pacgan_models(tmp_path), **(config or {})})
+
+
+def test_the_batch_norm_generator_is_linear_without_bias_then_batch_norm_then_relu():
+    model = mlp(2, 16, 2, 2, batch_norm=True)
+    kinds = [type(m) for m in model]
+    assert kinds == [nn.Linear, nn.BatchNorm1d, nn.ReLU, nn.Linear, nn.BatchNorm1d, nn.ReLU, nn.Linear]
+    assert model[0].bias is None and model[3].bias is None and model[6].bias is not None
+    assert model[1].eps == 1e-4 and model[1].momentum == 0.05
+
+
+def test_a_maxout_unit_is_the_largest_of_its_pieces():
+    layer = Maxout(2, 3, pieces=4)
+    x = torch.randn(5, 2)
+    pieces = (x @ layer.linear.weight.T + layer.linear.bias).reshape(5, 3, 4)
+    assert torch.equal(layer(x), pieces.max(-1).values)
+    model = mlp(4, 8, 3, 1, maxout_pieces=5)
+    assert [type(m) for m in model] == [Maxout, Maxout, Maxout, nn.Linear]
+    assert model[0].linear.out_features == 40 and model(torch.randn(7, 4)).shape == (7, 1)
+
+
+def test_weights_drawn_with_the_init_std_and_biases_zero():
+    torch.manual_seed(0)
+    model = mlp(2, 400, 2, 2, batch_norm=False, init_std=0.02)
+    weights = torch.cat([m.weight.flatten() for m in model if isinstance(m, nn.Linear)])
+    assert abs(float(weights.std()) - 0.02) < 0.001 and abs(float(weights.mean())) < 0.001
+    assert all(float(m.bias.abs().max()) == 0 for m in model if isinstance(m, nn.Linear))
+
+
+@pytest.mark.timeout(120)
+def test_one_maxout_piece_is_one_line(tmp_path, capsys):
+    config = pacgan_run(tmp_path)
+    bad = {**PACGAN_DISCRIMINATOR, "maxout_pieces": 1}
+    (tmp_path / "pacgan_discriminator.yaml").write_text(yaml.safe_dump(bad))
+    assert main(["--config", str(config), "--device", "cpu"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error (rank")]
+    assert len(lines) == 1 and "pacgan_discriminator.yaml: key 'maxout_pieces' must be 0" in lines[0], lines
+
+
+@pytest.mark.timeout(300)
+def test_the_ranks_running_statistics_agree_after_every_step(tmp_path):
+    # Each rank's batch differs, so its own running statistics would too; the average
+    # (training.ema_decay, with buffers) follows them.
+    config = pacgan_run(tmp_path, {"training": {"max_steps": 5, "ema_decay": 0.5, "eval_every": 2}})
+    result = launch([str(config), str(tmp_path)], 2, script=ROOT / "tests" / "batch_norm_ranks.py")
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    assert [r["world_size"] for r in ranks] == [2, 2] and len(ranks[0]["steps"]) == 5
+    names = set(ranks[0]["steps"][0])
+    assert {"1.running_mean", "1.running_var", "ema.1.running_mean"} <= names, names
+    for step, (zero, one) in enumerate(zip(ranks[0]["steps"], ranks[1]["steps"], strict=True)):
+        for name in names:
+            assert torch.equal(zero[name], one[name]), f"step {step + 1}: {name} differs between the ranks"
+    assert not torch.equal(ranks[0]["steps"][0]["1.running_mean"], ranks[0]["steps"][-1]["1.running_mean"])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mixture", ["grid", "ring"])
+def test_the_shipped_pacgan_configs_train_in_two_processes(tmp_path, mixture):
+    """configs/training/{grid,ring}_pacgan.yaml at a few steps: the paper's models, packing and
+    optimizer, 100 packs per step."""
+    config = ROOT / "configs" / "training" / f"{mixture}_pacgan.yaml"
+    packing = yaml.safe_load(config.read_text())["task_options"]["packing"]
+    tiny = ["training.max_steps=4", "training.eval_every=2", "training.save_every=2", "data.train_size=2000"]
+    tiny += ["eval.batch_size=500", f"output_dir={tmp_path / 'out'}"]
+    args = ["--config", str(config), "--device", "cpu", *[f"--set={item}" for item in tiny]]
+    result = launch(args, 2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    evals = records(tmp_path / "out", "eval")
+    assert [r["step"] for r in evals] == [2, 4] and all(r["world_size"] == 2 for r in evals)
+    assert yaml.safe_load((tmp_path / "out" / "config.yaml").read_text())["training"]["batch_size"] == 100 * packing
