@@ -23,10 +23,13 @@ SCRIPT = ROOT / "scripts" / "train_stage2.py"
 
 def launch_env(paths: Sequence[Path] = ()) -> dict[str, str]:
     """The environment of a launched run: ``paths`` and the checkout importable (a task named
-    ``module:Class`` in a config is imported from there), one thread per process."""
+    ``module:Class`` in a config is imported from there), one thread per process, Python's
+    fault handler on."""
     out = dict(os.environ)
     out["PYTHONPATH"] = os.pathsep.join([*map(str, paths), str(ROOT), out.get("PYTHONPATH", "")])
     out["OMP_NUM_THREADS"] = "1"
+    # a worker that aborts (SIGABRT, as a C++ terminate does) prints every thread's Python stack
+    out["PYTHONFAULTHANDLER"] = "1"
     out.pop("WORLD_SIZE", None)
     return out
 
