@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import ROOT, check, launch, records
 from safetensors.torch import load_file
-from test_text import check_evals, generates, write_text_run
+from test_text import bad, check_evals, generates, write_text_run
 
 from trainer.cli import main
 from trainer.config import load_config
@@ -170,28 +170,20 @@ def test_adapters_train_with_gradient_checkpointing_in_bfloat16(tmp_path, exampl
     assert lora_b and moved == list(lora_b)  # every adapter got a gradient through the recomputed blocks
 
 
-def one_line(tmp_path, example, config, capsys) -> str:
-    path = write_text_run(tmp_path, example["gpt2"], config)
-    assert main(["--config", str(path), "--device", "cpu"]) == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error (rank")]
-    assert len(lines) == 1, lines
-    return lines[0]
-
-
 @pytest.mark.timeout(300)
 def test_adapter_settings_that_cannot_work_are_one_line_each(tmp_path, example, capsys):
-    line = one_line(tmp_path / "key", example, {"model": {"peft": {"rank": 4}}}, capsys)
+    line = bad(tmp_path / "key", example["gpt2"], {"model": {"peft": {"rank": 4}}}, capsys)
     assert "key 'model.peft': not a LoRA config" in line and "rank" in line
-    line = one_line(tmp_path / "ema", example, {"model": {"peft": LORA}, "training": {"ema_decay": 0.99}}, capsys)
+    line = bad(tmp_path / "ema", example["gpt2"], {"model": {"peft": LORA}, "training": {"ema_decay": 0.99}}, capsys)
     assert "key 'training.ema_decay' with model.peft" in line
     rounds = {
         "model": {"peft": LORA},
         "task_options": {"generator_objective": "ddo", "round_steps": 2},
         "training": {"d_steps_per_g_step": 0},
     }
-    line = one_line(tmp_path / "rounds", example, rounds, capsys)
+    line = bad(tmp_path / "rounds", example["gpt2"], rounds, capsys)
     assert "key 'task_options.round_steps': with model.peft" in line
-    line = one_line(tmp_path / "dir", example, {"model": {"peft": str(tmp_path)}}, capsys)
+    line = bad(tmp_path / "dir", example["gpt2"], {"model": {"peft": str(tmp_path)}}, capsys)
     assert f"key 'model.peft' names {str(tmp_path)!r}, which holds no adapter_config.json" in line
 
 

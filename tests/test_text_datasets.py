@@ -11,7 +11,7 @@ import sys
 
 import pytest
 from helpers import ROOT, launch, records
-from test_text import EVAL_TEXTS, check_evals, write_text_run
+from test_text import EVAL_TEXTS, bad, check_evals, write_text_run
 
 from trainer.cli import main
 from trainer.errors import DataError
@@ -40,9 +40,14 @@ def saved(tmp_path_factory):
     return {**paths, "dataset": root / "saved"}
 
 
-def dataset_run(tmp_path, saved, data=None, options=None):
+def dataset_config(saved, data=None, options=None):
+    """The overrides that point a text run at the saved dataset (its column ``body``)."""
     data = {"train_files": "", "eval_files": "", "dataset": str(saved["dataset"]), **(data or {})}
-    return write_text_run(tmp_path, saved, {"data": data, "task_options": {"text_column": "body", **(options or {})}})
+    return {"data": data, "task_options": {"text_column": "body", **(options or {})}}
+
+
+def dataset_run(tmp_path, saved, data=None, options=None):
+    return write_text_run(tmp_path, saved, dataset_config(saved, data, options))
 
 
 def test_a_folder_of_data_files_with_a_card_reads_its_splits(tmp_path):
@@ -90,22 +95,14 @@ def test_without_an_eval_split_a_share_of_train_is_held_out(tmp_path, saved):
     assert held_out == -(-len(rows(saved["train"])) // 100)
 
 
-def bad_line(tmp_path, saved, capsys, data=None, options=None):
-    config = dataset_run(tmp_path, saved, data, options)
-    assert main(["--config", str(config), "--device", "cpu"]) == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error (rank")]
-    assert len(lines) == 1, lines
-    return lines[0]
-
-
 @pytest.mark.timeout(300)
 def test_bad_dataset_settings_are_one_line_each(tmp_path, saved, capsys):
     dataset = saved["dataset"]
-    line = bad_line(tmp_path / "split", saved, capsys, {"eval_split": "test"})
+    line = bad(tmp_path / "split", saved, dataset_config(saved, {"eval_split": "test"}), capsys)
     assert f"{dataset}: no split 'test' (data.eval_split) and data.eval_fraction is 0; it has train, validation" in line
-    line = bad_line(tmp_path / "column", saved, capsys, options={"text_column": "title"})
+    line = bad(tmp_path / "column", saved, dataset_config(saved, options={"text_column": "title"}), capsys)
     assert f"{dataset} (train): no column 'title' (task_options.text_column); it has body, id" in line
-    line = bad_line(tmp_path / "both", saved, capsys, {"train_files": str(saved["train"])})
+    line = bad(tmp_path / "both", saved, dataset_config(saved, {"train_files": str(saved["train"])}), capsys)
     assert "key 'data.dataset'" in line and "data.train_files" in line
 
 
