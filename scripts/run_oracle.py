@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainer.cli import main_oracle  # noqa: E402
+from trainer.cli import exit_command, main_oracle  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main_oracle())
+    exit_command(main_oracle())

@@ -29,6 +29,7 @@ from statistics import mean
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from trainer.cli import exit_command  # noqa: E402
 from trainer.logs import configure_logging  # noqa: E402
 
 METRICS = ("nll_test", "bleu4", "self_bleu4")
@@ -150,4 +151,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_command(main())

@@ -6,7 +6,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainer.cli import main_stage1  # noqa: E402
+from trainer.cli import stage1_command  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main_stage1())
+    stage1_command()

@@ -9,6 +9,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from trainer.errors import UserError, print_error_line
 from trainer.frontier import FRONTIER_TEMPERATURES
@@ -259,5 +260,26 @@ def main_oracle(argv: Sequence[str] | None = None) -> int:
     return status
 
 
+def exit_command(status: int) -> NoReturn:
+    """End a command's process with ``status``: through :func:`trainer.world.exit_process`
+    once the run's modules are loaded (a process group may have run), else at once (a config
+    error or --help stays fast)."""
+    if "trainer.world" in sys.modules:
+        from trainer.world import exit_process
+
+        exit_process(status)
+    sys.exit(status)
+
+
+def stage1_command() -> NoReturn:
+    """The ``trainer-stage1`` command (scripts/train_stage1.py)."""
+    exit_command(main_stage1())
+
+
+def stage2_command() -> NoReturn:
+    """The ``trainer-stage2`` command (scripts/train_stage2.py)."""
+    exit_command(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    stage2_command()

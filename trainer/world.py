@@ -4,12 +4,17 @@ released so that a later run in this process starts clean."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import resource
 import socket
+import sys
+import threading
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration, InitProcessGroupKwargs
@@ -177,10 +182,39 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
 
 
+#: whether this process has formed a process group (its backend's threads may outlive it)
+HAD_PROCESS_GROUP = False
+
+
 def end_process_group() -> None:
-    """Destroy the default process group, if any, before the process exits: one left to the
-    interpreter's exit can abort the process ("terminate called without an active exception")
-    after the work is done. The peers' watch (which holds a store client) ends first."""
+    """Destroy the default process group, if any, before the process exits (then see
+    :func:`exit_process`). The peers' watch (which holds a store client) ends first."""
+    global HAD_PROCESS_GROUP
     close_watch()
     if torch.distributed.is_initialized():
+        HAD_PROCESS_GROUP = True
         torch.distributed.destroy_process_group()
+
+
+def exit_process(status: int) -> NoReturn:
+    """End a command's process with ``status`` as a normal exit does (threads joined, exit
+    handlers run: log files, trackers, data workers; streams flushed), but after a process
+    group without the interpreter's finalization.
+
+    gloo's worker threads outlive ``destroy_process_group`` (the wrapped models still hold
+    the group), and a thread that drops a finished collective's tensors takes the GIL to do
+    so. If that happens while the interpreter finalizes, Python ends the thread inside a C++
+    destructor and the process aborts (SIGABRT, "terminate called without an active
+    exception") after its work is done, more often on a loaded machine. Nothing is left to
+    finalize that the exit handlers have not closed.
+    """
+    if not HAD_PROCESS_GROUP and not torch.distributed.is_initialized():
+        sys.exit(status)
+    # What the interpreter's exit does before it finalizes, which os._exit would skip: wait
+    # for the threads that are not daemons, run the exit handlers (private, no public form).
+    threading._shutdown()  # noqa: SLF001
+    atexit._run_exitfuncs()  # noqa: SLF001
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or broken stream: nothing left to say
+            stream.flush()
+    os._exit(status)
