@@ -1,29 +1,50 @@
-"""The `text` recipe's stage 2 against TRL's GRPOTrainer, with the sampling and checkpoint costs.
+"""The `text` recipe's stage 2 against TRL's GRPOTrainer at equal work, with the time of each
+part of a step, the sampling and the checkpoint costs.
 
     pip install -e ".[bench]"
     python scripts/bench_text.py                       # tiny and GPT-2-small shape, CPU
-    python scripts/bench_text.py --sizes tiny --steps 5
+    python scripts/bench_text.py --sizes tiny --steps 5 --rounds 1
 
 Both sides train the same generator (a GPT-2, fresh weights from one seed, the offline example's
-tokenizer) against the same frozen sequence classifier as the reward model, from the start
-token alone: the same number of sequences and new tokens per optimizer step, AdamW at the same
-constant learning rate, gradient norm clipped at 1, no KL term, fp32, the same thread count.
-The trainer runs `training.d_steps_per_g_step: 0`, `task_options.reward: sequence`. TRL's
-GRPOTrainer is its trainer closest to that REINFORCE: with every sequence of a step in one group
-(`num_generations` = the batch) its advantage is the reward minus the batch mean over their
-standard deviation, as the trainer's; with `num_iterations: 1` the importance ratio is 1 and
-its clipping never acts, so the gradient is REINFORCE's. (RLOOTrainer's leave-one-out baseline
-differs by a factor k/(k-1) and does not normalise.) TRL's gradient checkpointing (on by
-default) is turned off, as it is in the trainer by default.
+tokenizer) from the start token alone, 16 sequences of up to 20 new tokens per optimizer step,
+both models in the mode of their use (the trained one in train mode) with every dropout off (the
+shipped text_stage2.yaml's `model.disable_dropout`, TRL's `disable_dropout`), torch's AdamW
+(foreach) with betas 0.9/0.999 at a constant learning rate, gradient norm clipped at 1, fp32,
+the same threads (`--threads`, default OMP_NUM_THREADS, else 2), TRL's logging off during the
+timed steps. TRL's reward is a function on the completions' token ids that runs the frozen
+sequence classifier on the start token and the completion and returns its sigmoid, as the
+trainer's reward: no decoding and tokenizing again for the reward model (TRL still decodes the
+completions once, inside its generation).
 
-Each side runs in a process of its own (peak memory is that process's resident set); steps/s
-is timed over `--steps` optimizer steps after `--warmup`. Then, at each size: the trainer's
-inverse-CDF sampling against `generate(do_sample=True)` (tokens/s, the same model, batch and
-lengths; the median of `--sampling-rounds` alternating rounds), and at the largest size a full
-checkpoint (both models, both optimizers, the trainer's state) saved and loaded by the trainer
-against `torch.save`/`torch.load` of the same state dicts, and the trainer's peak memory with
-`model.gradient_checkpointing` off and on.
-The last line is `ratio trainer/trl: X.XX` (steps/s at the last size).
+Two rows per size:
+- minimal: the trainer with a frozen discriminator as the reward model
+  (`training.d_steps_per_g_step: 0`, `task_options.reward: sequence`, no KL, no MLE term)
+  against GRPO with `beta` 0. With every sequence of a step in one group (`num_generations` =
+  the batch), GRPO's advantage is the reward minus the batch mean over the batch's standard
+  deviation, as the trainer's; with `num_iterations: 1` its importance ratio is 1 and its
+  clipping never acts, so the two compute the same gradient.
+- shipped: the objective of configs/training/text_stage2.yaml (a discriminator step per
+  generator step, per-prefix rewards, KL to a frozen reference copy with `kl_coef` 0.2, an MLE
+  term on real texts; its optimizers) against GRPO with `beta` = `kl_coef` (TRL's reference
+  copy) and the same sequences. The trainer does more work here (the D step, the prefix
+  ratings, the MLE term's real texts): the per-part times show how much.
+
+Each side runs in a process of its own (peak memory is that process's resident set), `--rounds`
+times, alternated (trainer, TRL, trainer, ...); steps/s is timed over `--steps` optimizer steps
+after `--warmup`; the rows give medians over the rounds and their range. The time of each part
+of a step (milliseconds, median over rounds): generation (sampling, and TRL's decoding), reward
+(the frozen classifier's forward on the samples), reference (the reference model's forward),
+G forward (the generator's forward and loss), G backward, D step (the whole discriminator step,
+its own sampling included), optimizer (AdamW's step, of the generator outside the D step),
+other (the rest of the step: gradient clipping, zeroing, bookkeeping). Each second counts once,
+in the innermost part.
+
+Then, at each size: the trainer's inverse-CDF sampling against `generate(do_sample=True)`
+(tokens/s, the same model, batch and lengths; the median of `--sampling-rounds` alternating
+rounds), and at the largest size a full checkpoint (both models, both optimizers, the trainer's
+state) saved and loaded by the trainer against `torch.save`/`torch.load` of the same state
+dicts, and the trainer's peak memory with `model.gradient_checkpointing`. Each row of the
+comparison ends with `ratio trainer/trl: X.XX` (steps/s, the medians' ratio).
 """
 
 from __future__ import annotations
@@ -44,23 +65,28 @@ sys.path.insert(0, str(ROOT))
 
 #: model shapes: layers, width, heads (the vocabulary is the example tokenizer's)
 SIZES = {"tiny": (2, 64, 2), "small": (12, 768, 12)}
+#: the trainer's objective of each row, and what TRL runs against it (see the docstring)
+OBJECTIVES = {"minimal": "GRPO, beta 0", "shipped": "GRPO, beta = kl_coef, a reference model"}
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench_text", description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
-    p.add_argument("--steps", type=int, default=10, help="timed optimizer steps per side")
+    p.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES))
+    p.add_argument("--steps", type=int, default=10, help="timed optimizer steps per side and round")
+    p.add_argument("--rounds", type=int, default=3, help="alternated rounds of each side per row")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--sampling-rounds", type=int, default=20, help="timed rounds of each sampler per size")
     p.add_argument("--batch", type=int, default=16, help="generated sequences per optimizer step")
     p.add_argument("--new-tokens", type=int, default=20)
     p.add_argument("--lr", type=float, default=1e-5)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS") or 2))
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--output-dir", default="outputs/bench_text")
     p.add_argument("--only", choices=["trainer", "trl", "sampling", "checkpoint"], help=argparse.SUPPRESS)
     p.add_argument("--size", choices=list(SIZES), help=argparse.SUPPRESS)
     p.add_argument("--checkpointing", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--objective", choices=list(OBJECTIVES), default="minimal", help=argparse.SUPPRESS)
     return p
 
 
@@ -101,9 +127,28 @@ def write_models(out: Path, size: str) -> dict[str, Path]:
     return paths
 
 
+def shipped_objective() -> dict[str, Any]:
+    """The objective of the shipped configs/training/text_stage2.yaml: its task options,
+    training loss and discriminator steps, optimizers and dropout setting (not its sizes)."""
+    import yaml
+
+    shipped = yaml.safe_load((ROOT / "configs" / "training" / "text_stage2.yaml").read_text())
+    options = {k: v for k, v in shipped["task_options"].items() if k not in ("max_new_tokens", "text_column")}
+    training = {k: shipped["training"][k] for k in ("objective", "d_steps_per_g_step", "loss")}
+    return {"task_options": options, "training": training, "optim": shipped["optim"]}
+
+
 def trainer_config(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path, **training: Any) -> Any:
     from trainer.config import load_config
 
+    optim = {
+        role: {"name": "adamw", "lr": args.lr, "betas": [0.9, 0.999], "weight_decay": 0.0, "max_grad_norm": 1.0}
+        for role in ("generator", "discriminator")
+    }
+    task_options: dict[str, Any] = {"reward": "sequence", "kl_coef": 0.0, "mle_weight": 0.0}
+    if args.objective == "shipped":
+        shipped = shipped_objective()
+        task_options, training, optim = shipped["task_options"], {**shipped["training"], **training}, shipped["optim"]
     return load_config(
         {
             "task": "text",
@@ -112,13 +157,14 @@ def trainer_config(args: argparse.Namespace, paths: dict[str, Path], run_dir: Pa
                 "generator_config": str(paths["generator"]),
                 "discriminator_config": str(paths["discriminator"]),
                 "gradient_checkpointing": args.checkpointing,
+                "disable_dropout": True,
             },
             "data": {
                 "train_files": str(paths["train"]),
                 "eval_files": str(paths["eval"]),
                 "cache_dir": str(run_dir / "cache"),
             },  # fmt: skip
-            "task_options": {"max_new_tokens": args.new_tokens, "reward": "sequence", "write_samples": 0},
+            "task_options": {**task_options, "max_new_tokens": args.new_tokens, "write_samples": 0},
             "training": {
                 "max_steps": 10**6,
                 "batch_size": args.batch,
@@ -130,75 +176,175 @@ def trainer_config(args: argparse.Namespace, paths: dict[str, Path], run_dir: Pa
                 "d_steps_per_g_step": 0,
                 **training,
             },  # fmt: skip
-            "optim": {
-                role: {"name": "adamw", "lr": args.lr, "weight_decay": 0.0, "max_grad_norm": 1.0}
-                for role in ("generator", "discriminator")
-            },
+            "optim": optim,
         }
     )
 
 
-def timed_steps(step: Any, warmup: int, steps: int) -> float:
-    """Seconds that ``steps`` calls of ``step`` take, after ``warmup`` calls."""
-    for _ in range(warmup):
-        step()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    return time.perf_counter() - start
+#: the parts of a step timed on both sides, in the order of the table
+PARTS = ("generation", "reward", "reference", "G forward", "G backward", "D step", "optimizer", "other")
 
 
-def run_trainer(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path) -> dict[str, float]:
-    """The trainer's stage 2 against the frozen reward model: steps/s and generated tokens/s."""
+class PartTimes:
+    """Seconds spent in each part of a step, each second counted once: in the innermost timed
+    call (a reward computed inside the generator's loss counts as reward), except inside an
+    absorbing part (the D step holds its own sampling, forward, backward and optimizer)."""
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(PARTS, 0.0)
+        self._stack: list[list[Any]] = []  # [part, absorbing, start of its current stretch]
+
+    def reset(self) -> None:
+        self.seconds = dict.fromkeys(PARTS, 0.0)
+
+    def wrap(self, function: Any, part: Any, absorbing: bool = False) -> Any:
+        """``function`` timed as ``part`` (a name, or a function of the call's arguments giving
+        the name or None: not timed)."""
+
+        def timed(*a: Any, **k: Any) -> Any:
+            name = part(*a, **k) if callable(part) else part
+            if name is None or (self._stack and self._stack[-1][1]):
+                return function(*a, **k)
+            now = time.perf_counter()
+            if self._stack:
+                outer = self._stack[-1]
+                self.seconds[outer[0]] += now - outer[2]
+            self._stack.append([name, absorbing, now])
+            try:
+                return function(*a, **k)
+            finally:
+                now = time.perf_counter()
+                self.seconds[name] += now - self._stack.pop()[2]
+                if self._stack:
+                    self._stack[-1][2] = now
+
+        return timed
+
+    def outside(self, enclosing: str, part: str) -> str | None:
+        """``part`` for a call that ``enclosing`` does not hold, else None (not timed apart)."""
+        return None if any(entry[0] == enclosing for entry in self._stack) else part
+
+    def per_step(self, steps: int, seconds: float) -> dict[str, float]:
+        """Milliseconds per step of each part; ``other`` is the step's time outside them."""
+        timed = {part: value for part, value in self.seconds.items() if part != "other"}
+        timed["other"] = max(seconds - sum(timed.values()), 0.0)
+        return {part: 1000 * value / steps for part, value in timed.items()}
+
+
+def time_adamw(times: PartTimes) -> None:
+    """AdamW's step timed as ``optimizer`` (both sides use torch's AdamW), for the optimizers
+    made after this call."""
+    import torch
+
+    torch.optim.AdamW.step = times.wrap(torch.optim.AdamW.step, "optimizer")
+
+
+def run_trainer(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path) -> dict[str, Any]:
+    """The trainer's stage 2 (``--objective``): steps/s, new tokens per step, peak memory and
+    the time of each part of a step."""
+    import trainer.collectives
     from trainer.loop import Trainer  # here, not at the top: the TRL side's memory is its own
 
-    with Trainer(trainer_config(args, paths, run_dir), device=args.device).start() as trainer:
-        task, generate, generated = trainer.task, trainer.task.generate, []
+    times, generated = PartTimes(), []
+    time_adamw(times)  # before accelerate binds the optimizer's step
+    with Trainer(trainer_config(args, paths, run_dir), device=args.device).start() as run:
+        task = run.task
+        generate = task.generate
 
         def counting_generate(*a: Any, **k: Any) -> Any:
             sequences = generate(*a, **k)
-            mask = task.generated_mask(sequences)
-            generated.append(sequences.numel() if mask is None else int(mask.sum()))
+            if times.outside("D step", "generator's"):  # the D step samples for itself
+                mask = task.generated_mask(sequences)
+                generated.append(sequences.numel() if mask is None else int(mask.sum()))
             return sequences
 
-        task.generate = counting_generate
-        seconds = timed_steps(trainer.train_step, args.warmup, args.steps)
-    tokens = sum(generated[args.warmup :])
-    return {"steps_per_s": args.steps / seconds, "tokens_per_s": tokens / seconds, "peak_mb": peak_mb(args)}
+        task.generate = times.wrap(counting_generate, "generation")
+        task._advantages = times.wrap(task._advantages, "reward")
+        task.kl_to_reference = times.wrap(task.kl_to_reference, "reference")
+        run.g.compute = times.wrap(run.g.compute, "G forward")
+        run.run_phase = times.wrap(run.run_phase, lambda phase: "D step" if phase is run.d else None, absorbing=True)
+        backward = trainer.collectives.backward
+        trainer.collectives.backward = times.wrap(backward, lambda *a: "G backward" if a[-1] == "generator" else None)
+        for _ in range(args.warmup):
+            run.train_step()
+        times.reset()
+        generated.clear()
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            run.train_step()
+        seconds = time.perf_counter() - start
+    return {
+        "steps_per_s": args.steps / seconds,
+        "tokens_per_step": sum(generated) / args.steps,
+        "peak_mb": peak_mb(args),
+        "parts_ms": times.per_step(args.steps, seconds),
+    }
 
 
-def run_trl(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path) -> dict[str, float]:
-    """TRL's GRPOTrainer on the same models and budget: steps/s and generated tokens/s."""
+def run_trl(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path) -> dict[str, Any]:
+    """TRL's GRPOTrainer on the same models and budget (see the module's docstring): steps/s,
+    new tokens per step, peak memory and the time of each part of a step."""
+    import torch
     from datasets import Dataset
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(paths["generator"])
     total = args.warmup + args.steps
-    ends: list[float] = []
+    times, ends, generated = PartTimes(), [], []
+    scorer = AutoModelForSequenceClassification.from_pretrained(paths["discriminator"]).to(args.device).eval()
+
+    def discriminator_rating(completion_ids: list[list[int]], **_: Any) -> list[float]:
+        """The frozen classifier's rating (its sigmoid, as the trainer's reward) of the start
+        token and each completion, read from the token ids: no decoding and tokenizing again."""
+        generated.append(sum(map(len, completion_ids)))
+        rows = [[tokenizer.bos_token_id, *ids] for ids in completion_ids]
+        width = max(map(len, rows))
+        ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)], mask[i, : len(row)] = torch.tensor(row), 1
+        with torch.inference_mode():
+            logits = scorer(input_ids=ids.to(args.device), attention_mask=mask.to(args.device)).logits[:, 0]
+        return torch.sigmoid(logits.float()).tolist()
 
     class StepTimes(TrainerCallback):
         def on_step_end(self, *_: Any, **__: Any) -> None:
             ends.append(time.perf_counter())
+            if len(ends) == args.warmup:
+                times.reset()
+                generated.clear()
 
+    beta = shipped_objective()["task_options"]["kl_coef"] if args.objective == "shipped" else 0.0
     config = GRPOConfig(
         output_dir=str(run_dir), max_steps=total, per_device_train_batch_size=args.batch,
         num_generations=args.batch, max_completion_length=args.new_tokens, learning_rate=args.lr,
-        lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=1.0, beta=0.0, num_iterations=1,
+        lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=1.0, beta=beta, num_iterations=1,
+        optim="adamw_torch", adam_beta1=0.9, adam_beta2=0.999, disable_dropout=True,
         temperature=1.0, use_cpu=args.device == "cpu", bf16=False, gradient_checkpointing=False,
-        logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True, seed=0,
+        logging_steps=total + 1, report_to="none", save_strategy="no", disable_tqdm=True, seed=0,
     )  # fmt: skip
     prompts = Dataset.from_dict({"prompt": [tokenizer.bos_token] * total})
-    reward = AutoModelForSequenceClassification.from_pretrained(paths["discriminator"])
     trl = GRPOTrainer(
-        model=str(paths["generator"]), reward_funcs=reward, args=config, train_dataset=prompts,
-        processing_class=tokenizer, reward_processing_classes=tokenizer, callbacks=[StepTimes()],
+        model=str(paths["generator"]), reward_funcs=discriminator_rating, args=config, train_dataset=prompts,
+        processing_class=tokenizer, callbacks=[StepTimes()],
     )  # fmt: skip
+    trl._generate = times.wrap(trl._generate, "generation")
+    trl._calculate_rewards = times.wrap(trl._calculate_rewards, "reward")
+    # outside the loss (TRL computes the reference's log-probabilities with the samples)
+    logps = trl._get_per_token_logps_and_entropies
+    trl._get_per_token_logps_and_entropies = times.wrap(logps, lambda *a, **k: times.outside("G forward", "reference"))
+    trl.compute_loss = times.wrap(trl.compute_loss, "G forward")
+    trl.accelerator.backward = times.wrap(trl.accelerator.backward, "G backward")
+    time_adamw(times)
     trl.train()
     seconds = ends[-1] - ends[args.warmup - 1] if args.warmup else ends[-1] - ends[0]
-    lengths = [log["completions/mean_length"] for log in trl.state.log_history if "completions/mean_length" in log]
-    tokens = sum(lengths[args.warmup :]) * args.batch
-    return {"steps_per_s": args.steps / seconds, "tokens_per_s": tokens / seconds, "peak_mb": peak_mb(args)}
+    return {
+        "steps_per_s": args.steps / seconds,
+        "tokens_per_step": sum(generated) / len(generated),
+        "peak_mb": peak_mb(args),
+        "parts_ms": times.per_step(args.steps, seconds),
+    }
 
 
 def run_sampling(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path) -> dict[str, float]:
@@ -301,10 +447,10 @@ def run_checkpoint(args: argparse.Namespace, paths: dict[str, Path], run_dir: Pa
     return result
 
 
-def subprocess_run(args: argparse.Namespace, only: str, size: str, *extra: str) -> dict[str, float]:
+def subprocess_run(args: argparse.Namespace, only: str, size: str, *extra: str) -> dict[str, Any]:
     """One measurement in a process of its own; its RESULT line."""
     command = [sys.executable, __file__, "--only", only, "--size", size, "--output-dir", args.output_dir]
-    for flag in ("steps", "warmup", "sampling_rounds", "batch", "new_tokens", "lr", "threads", "device"):
+    for flag in ("steps", "warmup", "sampling_rounds", "batch", "new_tokens", "lr", "threads", "device", "objective"):
         command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     done = subprocess.run([*command, *extra], capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
@@ -312,6 +458,34 @@ def subprocess_run(args: argparse.Namespace, only: str, size: str, *extra: str) 
         sys.stderr.write(done.stdout[-3000:] + done.stderr[-6000:])
         raise SystemExit(f"bench_text: {only} at size {size} exited {done.returncode}")
     return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+def spread(values: list[float]) -> str:
+    return f"{min(values):.3g}-{max(values):.3g}"
+
+
+def compare(args: argparse.Namespace, size: str, objective: str) -> float:
+    """``--rounds`` alternated rounds of each side at one size and objective; prints a row per
+    side (medians), the time of each part per step, and the ratio; returns the ratio."""
+    args.objective = objective
+    rounds: dict[str, list[dict[str, Any]]] = {"trainer": [], "trl": []}
+    for _ in range(args.rounds):
+        for side in rounds:
+            rounds[side].append(subprocess_run(args, side, size))
+    rates = {side: [r["steps_per_s"] for r in results] for side, results in rounds.items()}
+    for side, results in rounds.items():
+        tokens = statistics.median(r["tokens_per_step"] for r in results)
+        peak = statistics.median(r["peak_mb"] for r in results)
+        print(f"{size:6} {objective:8} {side:8} {statistics.median(rates[side]):9.3f} {tokens:8.0f} {peak:8.0f}"
+              f"   rounds {spread(rates[side])} steps/s")  # fmt: skip
+    print(f"{'':24} ms per step: " + ", ".join(PARTS))
+    for side, results in rounds.items():
+        parts = [statistics.median(r["parts_ms"][part] for r in results) for part in PARTS]
+        print(f"{'':24} {side:8} " + " ".join(f"{value:8.1f}" for value in parts))
+    ratios = [ours / theirs for ours, theirs in zip(rates["trainer"], rates["trl"], strict=True)]
+    ratio = statistics.median(rates["trainer"]) / statistics.median(rates["trl"])
+    print(f"{size:6} {objective:8} ratio trainer/trl (paired rounds {spread(ratios)}): {ratio:.2f}")
+    return ratio
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -327,20 +501,17 @@ def main(argv: list[str] | None = None) -> int:
             result = RUNS[args.only](args, paths, Path(run_dir))
         print("RESULT " + json.dumps(result))
         return 0
-    print(f"{args.batch} sequences x {args.new_tokens} new tokens per step, {args.threads} threads, {args.device}")
-    print(f"{'size':6} {'side':8} {'steps/s':>9} {'tokens/s':>10} {'peak MB':>9}")
-    ratio = 0.0
+    print(f"{args.batch} sequences x {args.new_tokens} new tokens per step, {args.threads} threads, {args.device}, "
+          f"{args.rounds} alternated rounds of {args.steps} timed steps per side (medians)")  # fmt: skip
+    print(f"{'size':6} {'objective':8} {'side':8} {'steps/s':>9} {'tokens':>8} {'peak MB':>8}")
     for size in args.sizes:
-        sides = {side: subprocess_run(args, side, size) for side in ("trainer", "trl")}
-        for side, r in sides.items():
-            print(f"{size:6} {side:8} {r['steps_per_s']:9.3f} {r['tokens_per_s']:10.1f} {r['peak_mb']:9.0f}")
-        ratio = sides["trainer"]["steps_per_s"] / sides["trl"]["steps_per_s"]
-        memory = sides["trainer"]["peak_mb"] / sides["trl"]["peak_mb"]
-        print(f"{size:6} ratio trainer/trl: steps/s {ratio:.2f}, peak memory {memory:.2f}")
+        for objective in args.objectives:
+            compare(args, size, objective)
         sampling = subprocess_run(args, "sampling", size)
         ours, theirs = sampling["inverse_cdf_tokens_per_s"], sampling["generate_tokens_per_s"]
         print(f"{size:6} sampling tokens/s: inverse-CDF {ours:.0f}, generate(do_sample) {theirs:.0f}, "
               f"ratio {ours / theirs:.2f}")  # fmt: skip
+    args.objective = "minimal"
     largest = args.sizes[-1]
     io = subprocess_run(args, "checkpoint", largest)
     print(f"{largest:6} checkpoint save+load: trainer {io['trainer_s']:.2f} s ({io['trainer_mb']:.0f} MB), "
@@ -350,7 +521,6 @@ def main(argv: list[str] | None = None) -> int:
     recompute = subprocess_run(args, "trainer", largest, "--checkpointing")
     print(f"{largest:6} trainer with model.gradient_checkpointing: peak {recompute['peak_mb']:.0f} MB, "
           f"{recompute['steps_per_s']:.3f} steps/s")  # fmt: skip
-    print(f"ratio trainer/trl: {ratio:.2f}")
     return 0
 
 

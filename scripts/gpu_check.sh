@@ -58,10 +58,10 @@ import json, re, sys
 from pathlib import Path
 
 out = Path(sys.argv[1])
-print(f"\n{'check':28} {'tokens/s':>10} {'steps/s':>9} {'peak MB':>9} {'checkpoint s':>13}")
+print(f"\n{'check':36} {'tokens/s':>10} {'steps/s':>9} {'peak MB':>9} {'checkpoint s':>13}")
 for line in (out / "doctor.log").read_text().splitlines():
     if "verdict" in line or line.startswith("group of one"):
-        print(f"{'doctor':28} {line.strip()}")
+        print(f"{'doctor':36} {line.strip()}")
 runs = (("ring, bf16", out / "ring", out / "ring.log"),
         ("text stage 2, bf16", out / "text" / "seed-0" / "stage2", out / "text.log"))
 for name, run, log in runs:
@@ -69,13 +69,13 @@ for name, run, log in runs:
     train = [r for r in records if r["split"] == "train"][-1]
     saved = rf"saved {re.escape(str(run))}/checkpoints/\S+ in ([0-9.]+) s"
     seconds = max(float(s) for s in re.findall(saved, log.read_text()))
-    print(f"{name:28} {'-':>10} {train['steps_per_s']:9.2f} {train['peak_memory_mb']:9.0f} {seconds:13.2f}")
+    print(f"{name:36} {'-':>10} {train['steps_per_s']:9.2f} {train['peak_memory_mb']:9.0f} {seconds:13.2f}")
 for line in (out / "bench.log").read_text().splitlines():
     words = line.split()
-    if len(words) == 5 and words[1] in ("trainer", "trl"):
-        size, side, steps, tokens, peak = words
-        name = f"bench_text {size}, {side}"
-        print(f"{name:28} {float(tokens):10.0f} {float(steps):9.2f} {float(peak):9.0f} {'-':>13}")
+    if len(words) >= 6 and words[2] in ("trainer", "trl"):
+        size, objective, side, steps, tokens, peak = words[:6]
+        name = f"bench_text {size} {objective}, {side}"
+        print(f"{name:36} {float(tokens) * float(steps):10.0f} {float(steps):9.2f} {float(peak):9.0f} {'-':>13}")
     elif "checkpoint save+load" in line or "ratio" in line or "gradient_checkpointing" in line:
-        print(f"{'bench_text':28} {line.strip()}")
+        print(f"{'bench_text':36} {line.strip()}")
 PYTHON

@@ -10,6 +10,8 @@ import sys
 import pytest
 from helpers import ROOT
 
+SIDES = ("trainer", "trl")
+
 
 @pytest.mark.timeout(400)
 def test_bench_loop_prints_a_row_per_process_count():
@@ -32,7 +34,7 @@ def test_the_gpu_check_runs_its_parts_on_the_cpu(tmp_path):
     # every part of scripts/gpu_check.sh on the CPU over gloo, a few steps each; on a GPU the
     # same script runs them in bf16 over NCCL
     out = tmp_path / "gpu_check"
-    bench = "--sizes tiny --steps 2 --warmup 1 --sampling-rounds 2 --threads 1"
+    bench = "--sizes tiny --steps 2 --warmup 1 --rounds 1 --sampling-rounds 2 --threads 1"
     environment = {**os.environ, "DEVICE": "cpu", "STEPS": "4", "OUT": str(out), "BENCH_ARGS": bench}
     environment["PYTHON"] = sys.executable
     done = subprocess.run(
@@ -43,11 +45,12 @@ def test_the_gpu_check_runs_its_parts_on_the_cpu(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr[-3000:] + logs
     table = done.stdout[done.stdout.index("check ") :]
     assert "doctor (rank 0): verdict: OK" in table and "group of one: gloo all_reduce 16 MB" in table, table
-    for name in ("ring, bf16", "text stage 2, bf16", "bench_text tiny, trainer", "bench_text tiny, trl"):
+    sides = [f"bench_text tiny {objective}, {side}" for objective in ("minimal", "shipped") for side in SIDES]
+    for name in ("ring, bf16", "text stage 2, bf16", *sides):
         row = next(line for line in table.splitlines() if line.startswith(name))
         numbers = [float(word) for word in row[len(name) :].split() if word != "-"]
         assert numbers and all(n > 0 for n in numbers), row
-    assert re.search(r"ratio trainer/trl: [\d.]+$", table, re.M), table
+    assert len(re.findall(r"ratio trainer/trl .*: [\d.]+$", table, re.M)) == 2, table
     assert re.search(r"checkpoint save\+load: trainer [\d.]+ s", table), table
     # the trainer's flush of its files, timed inside its own saves
     assert re.search(r"flushing its files to disk before the rename that publishes them [\d.]+ s", table), table
@@ -107,3 +110,21 @@ def test_bench_peft_prints_each_variant_and_the_ratios(tmp_path):
     trained = [int(rows[v][2].replace(",", "")) for v in rows]
     assert trained[0] > trained[1] > trained[2] > 0  # the adapters train far fewer weights
     assert re.fullmatch(r"ratio lora/full: memory [\d.]+, steps/s [\d.]+", done.stdout.splitlines()[-1])
+
+
+def test_bench_text_counts_each_second_of_a_step_once_in_its_innermost_part(monkeypatch):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_text
+
+    clock = iter(range(100))
+    monkeypatch.setattr(bench_text.time, "perf_counter", lambda: next(clock))
+    times = bench_text.PartTimes()
+    reward = times.wrap(lambda: None, "reward")
+    # the D step absorbs what it calls; the loss holds a reward computed inside it
+    d_step = times.wrap(lambda: reward(), "D step", absorbing=True)
+    loss = times.wrap(lambda: (next(clock), reward(), next(clock)), "G forward")
+    d_step()  # clock 0 -> 1: D step 1
+    loss()  # clock 2 -> 7: G forward 5 less the reward's 1 (4 -> 5)
+    assert times.seconds["D step"] == 1 and times.seconds["reward"] == 1 and times.seconds["G forward"] == 4
+    parts = times.per_step(steps=2, seconds=10)  # milliseconds per step
+    assert parts["G forward"] == 2000 and parts["other"] == 1000 * (10 - 6) / 2 and sum(parts.values()) == 5000
