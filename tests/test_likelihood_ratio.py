@@ -211,7 +211,7 @@ def test_a_placed_reference_keeps_its_forward_signature():
 
     from accelerate import Accelerator
 
-    from trainer.setup import place_frozen
+    from trainer.run_parts import place_frozen
     from trainer.world import release_accelerator
 
     model = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=20))

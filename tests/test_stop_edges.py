@@ -8,7 +8,7 @@ import math
 import pytest
 from helpers import check, launch, records, write_run
 
-from trainer.setup import improves
+from trainer.outputs import improves
 
 
 @pytest.mark.timeout(120)

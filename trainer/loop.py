@@ -4,7 +4,7 @@ Reading guide. A run is built by :meth:`Trainer.start` and driven by :meth:`Trai
 the per-step agreement (one all-reduce), the phases (the DDP backward of each), then the log,
 eval and save (:mod:`trainer.outputs`), which run when the global step says so. The global
 step is the same on every rank because every rank runs the same number of phases with the
-same number of micro-batches. The pieces a run is built from are :mod:`trainer.setup`'s, the
+same number of micro-batches. The pieces a run is built from are :mod:`trainer.run_parts`, the
 phases and the batch stream :mod:`trainer.phases`'s.
 """
 
@@ -23,7 +23,7 @@ from accelerate.utils import DistributedType, set_seed
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from trainer import adapters, checkpoint, collectives, peers, setup, world
+from trainer import adapters, checkpoint, collectives, peers, run_parts, world
 from trainer.checkpoint import Checkpoints, TrainState
 from trainer.config import RunConfig
 from trainer.ema import GeneratorEma
@@ -159,24 +159,24 @@ class Trainer(RunOutputs):
         if t.mixed_precision == "fp16" and acc.device.type == "cpu" and acc.scaler is None:
             logger.warning("fp16 was requested but accelerate runs fp32 on the CPU (no autocast, no GradScaler)")
         set_seed(t.seed)
-        task.prepare_frozen = functools.partial(setup.place_frozen, acc)
+        task.prepare_frozen = functools.partial(run_parts.place_frozen, acc)
         adapters.checkpoint_adapters_only(acc)
-        run_id = setup.claim_run(acc, self.run, not self.resume, self.overwrite) if training else ""
+        run_id = run_parts.claim_run(acc, self.run, not self.resume, self.overwrite) if training else ""
         # The main process first: a task may build a data cache that the other ranks then read.
         generator, discriminator, train_set, eval_set = collectives.main_process_first(
-            acc, "reading the models and data", lambda: setup.read_inputs(task, cfg)
+            acc, "reading the models and data", lambda: run_parts.read_inputs(task, cfg)
         )
-        setup.set_modes(generator, discriminator, t, cfg.model.disable_dropout)
+        run_parts.set_modes(generator, discriminator, t, cfg.model.disable_dropout)
         # the average starts as a copy of the generator before accelerate wraps it
         self.ema = GeneratorEma(generator, t.ema_decay, t.ema_start, t.ema_warmup, acc.device) if t.ema_decay else None
-        opt_g, sched_g = setup.optimization(cfg.optim.generator, generator, t.max_steps)
-        train_loader, eval_loader = setup.loaders(task, cfg, train_set, eval_set)
+        opt_g, sched_g = run_parts.optimization(cfg.optim.generator, generator, t.max_steps)
+        train_loader, eval_loader = run_parts.loaders(task, cfg, train_set, eval_set)
         generator, opt_g, sched_g, train_loader, self.eval_loader = acc.prepare(
             generator, opt_g, sched_g, train_loader, eval_loader
         )
         if t.d_steps_per_g_step:
             d_steps = t.max_steps * t.d_steps_per_g_step
-            opt_d, sched_d = setup.optimization(cfg.optim.discriminator, discriminator, d_steps)
+            opt_d, sched_d = run_parts.optimization(cfg.optim.discriminator, discriminator, d_steps)
             discriminator, opt_d, sched_d = acc.prepare(discriminator, opt_d, sched_d)
         else:  # a fixed reward model: on the device (and under autocast), no DDP, no optimizer
             discriminator = acc.prepare_model(discriminator.requires_grad_(False), evaluation_mode=True)
@@ -198,7 +198,7 @@ class Trainer(RunOutputs):
         self.state = TrainState(run_id=run_id)
         self.stream = BatchStream(acc, train_loader)
         self.noise = torch.Generator(device=acc.device)
-        self.noise.manual_seed(setup.noise_seed(t.seed, acc.process_index))
+        self.noise.manual_seed(noise_seed(t.seed, acc.process_index))
         self.checkpoints = Checkpoints(
             acc,
             self.output_dir,
@@ -406,9 +406,14 @@ class Trainer(RunOutputs):
             self._build_accelerator()
             with self.watchdog, peers.run_in_progress(), HEARTBEAT.long_work("evaluation"):
                 if source is not None:
-                    self.config, self.resume = setup.evaluation_source(self.accelerator, self.config, Path(source))
+                    self.config, self.resume = run_parts.evaluation_source(self.accelerator, self.config, Path(source))
                 self._setup(training=False)
                 metrics, _ = self.score()
             return metrics
         finally:
             world.release_accelerator()
+
+
+def noise_seed(seed: int, rank: int) -> int:
+    """Each rank draws its own noise, reproducibly."""
+    return seed * 1_000_003 + 7919 * (rank + 1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 
-from trainer import checkpoint, collectives, setup, world
+from trainer import checkpoint, collectives, world
 from trainer.checkpoint import Checkpoints, TrainState
 from trainer.config import Config
 from trainer.ema import GeneratorEma
@@ -128,7 +129,7 @@ class RunOutputs:
                     raise DataError(
                         f"training.best_metric: the eval has no metric {t.best_metric!r}; it has {sorted(metrics)}"
                     )
-                if setup.improves(value, state.best_value, t.best_mode):
+                if improves(value, state.best_value, t.best_mode):
                     state.best_value, state.best_step = float(value), state.step
                     self.export("best")
             logger.info(f"eval at step {state.step}: {metrics}")
@@ -161,3 +162,11 @@ class RunOutputs:
         with self._outside_throughput(), HEARTBEAT.long_work("checkpoint write"):
             path = self.checkpoints.save()
         logger.info(f"saved {path} in {time.monotonic() - began:.2f} s")
+
+
+def improves(value: float, best: float | None, mode: str) -> bool:
+    """Whether an eval's ``value`` beats the best so far (``mode``: min or max); a non-finite
+    value never does, or every later comparison with it would be false."""
+    if not math.isfinite(value):
+        return False
+    return best is None or (value < best if mode == "min" else value > best)

@@ -80,7 +80,7 @@ class Task:
         self.config = run.config
         #: places a frozen model the task builds itself (a reference generator) as the trained
         #: ones are placed: on their device, under the run's mixed precision. The trainer sets
-        #: it (setup.place_frozen); a task used alone keeps models as built.
+        #: it (run_parts.place_frozen); a task used alone keeps models as built.
         self.prepare_frozen: Callable[[nn.Module], nn.Module] = lambda model: model
         #: the generator when it carries an adapter (``model.peft``; set with the models): with
         #: the adapter off it is the starting generator

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -202,16 +201,3 @@ def evaluation_source(accelerator: Accelerator, config: Config, source: Path) ->
     # a copy: the caller's config keeps its own init paths
     init = InitSection(str(source / "generator"), str(source / "discriminator"))
     return dataclasses.replace(config, init=init), None
-
-
-def improves(value: float, best: float | None, mode: str) -> bool:
-    """Whether an eval's ``value`` beats the best so far (``mode``: min or max); a non-finite
-    value never does, or every later comparison with it would be false."""
-    if not math.isfinite(value):
-        return False
-    return best is None or (value < best if mode == "min" else value > best)
-
-
-def noise_seed(seed: int, rank: int) -> int:
-    """Each rank draws its own noise, reproducibly."""
-    return seed * 1_000_003 + 7919 * (rank + 1)
