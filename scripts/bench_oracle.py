@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainer.cli import main_oracle  # noqa: E402
+from trainer.oracle_job import main_oracle  # noqa: E402
 
 if __name__ == "__main__":
     args = sys.argv[1:]
