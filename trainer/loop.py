@@ -32,6 +32,7 @@ from trainer.logs import ensure_logging
 from trainer.metrics import MetricsLog, flat_hparams, resolve_trackers, tracker_settings
 from trainer.outputs import RunOutputs
 from trainer.phases import BatchStream, Phase, frozen
+from trainer.stop_signals import StopSignals
 from trainer.tasks import Task, load_task
 from trainer.tasks.base import Penalties
 from trainer.watchdog import HEARTBEAT, Watchdog, watched
@@ -88,7 +89,7 @@ class Trainer(RunOutputs):
         self.output_dir = Path(self.config.output_dir)
         #: the cause of an agreed stop ("a stop signal", "training.max_time"), else None
         self.stopped: str | None = None
-        self.signals = peers.StopSignals()
+        self.signals = StopSignals()
         #: no progress bar: a log line per train record instead
         self.progress_lines = True
         self._session: contextlib.ExitStack | None = None

@@ -27,7 +27,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any
 
 from trainer.errors import UserError, print_error_line
 from trainer.process_group import round_prefix
@@ -327,37 +326,3 @@ def report_failure(exc: BaseException, announce: Callable[[], None]) -> int | No
         announce()
         return None
     return WATCH.report_failure(exc, announce)
-
-
-class StopSignals:
-    """While inside: SIGTERM and SIGINT ask for an agreed stop (:attr:`received` names the
-    signal); a second SIGINT interrupts at once. In a launched job the watch thread sees the
-    signals too, so a rank that cannot reach the agreed stop (blocked on a peer) exits after
-    ``distributed.stop_grace_s``. Off the main thread signals are left to the host."""
-
-    def __init__(self) -> None:
-        self.received: str | None = None
-        self._previous: dict[int, Any] = {}
-        self._seen = contextlib.ExitStack()
-
-    def _request_stop(self, signum: int, frame: Any) -> None:
-        if signum == signal.SIGINT and self.received:
-            raise KeyboardInterrupt
-        self.received = signal.Signals(signum).name
-
-    def __enter__(self) -> StopSignals:
-        self.received = None
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self._previous[signum] = signal.signal(signum, self._request_stop)
-            except ValueError:  # not the main thread
-                pass
-        if self._previous and WATCH is not None:
-            self._seen.enter_context(WATCH.stop_signals_seen())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._seen.close()
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        self._previous = {}
