@@ -220,9 +220,9 @@ class PartTimes:
 
         return timed
 
-    def outside(self, enclosing: str, part: str) -> str | None:
-        """``part`` for a call that ``enclosing`` does not hold, else None (not timed apart)."""
-        return None if any(entry[0] == enclosing for entry in self._stack) else part
+    def holds(self, part: str) -> bool:
+        """Whether the call being made is inside ``part``."""
+        return any(entry[0] == part for entry in self._stack)
 
     def per_step(self, steps: int, seconds: float) -> dict[str, float]:
         """Milliseconds per step of each part; ``other`` is the step's time outside them."""
@@ -253,7 +253,7 @@ def run_trainer(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path)
 
         def counting_generate(*a: Any, **k: Any) -> Any:
             sequences = generate(*a, **k)
-            if times.outside("D step", "generator's"):  # the D step samples for itself
+            if not times.holds("D step"):  # the D step samples for itself
                 mask = task.generated_mask(sequences)
                 generated.append(sequences.numel() if mask is None else int(mask.sum()))
             return sequences
@@ -333,7 +333,8 @@ def run_trl(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path) -> 
     trl._calculate_rewards = times.wrap(trl._calculate_rewards, "reward")
     # outside the loss (TRL computes the reference's log-probabilities with the samples)
     logps = trl._get_per_token_logps_and_entropies
-    trl._get_per_token_logps_and_entropies = times.wrap(logps, lambda *a, **k: times.outside("G forward", "reference"))
+    reference = lambda *a, **k: None if times.holds("G forward") else "reference"  # noqa: E731
+    trl._get_per_token_logps_and_entropies = times.wrap(logps, reference)
     trl.compute_loss = times.wrap(trl.compute_loss, "G forward")
     trl.accelerator.backward = times.wrap(trl.accelerator.backward, "G backward")
     time_adamw(times)
