@@ -4,6 +4,7 @@ beat.
 
     python scripts/run_text.py --device cpu                   # seeds 0 1 2, one after another
     python scripts/run_text.py --device cpu --seeds 0         # one seed
+    python scripts/run_text.py --device cpu --stage2-config configs/training/text_stage2_ddo.yaml
 
 The example (scripts/make_text_example.py) is written to OUTPUT/text_example when missing;
 each seed's runs go to OUTPUT/seed-N/stage1, OUTPUT/seed-N/stage2 and OUTPUT/seed-N/stage2-mle
@@ -42,6 +43,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", default="outputs/text_runs")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument(
+        "--stage2-config",
+        default="configs/training/text_stage2.yaml",
+        help="stage 2's config, also the maximum-likelihood baseline's steps, batch and optimizer",
+    )
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=value")
     return p
 
@@ -55,7 +61,7 @@ def example_overrides(example: Path, seed: int) -> list[str]:
     ]
 
 
-def run_seed(out: Path, example: Path, seed: int, device: str, extra: list[str]) -> tuple[dict, list]:
+def run_seed(out: Path, example: Path, seed: int, args: argparse.Namespace) -> tuple[dict, list]:
     """Stage 1, stage 2 and the maximum-likelihood baseline of one seed; the rows of the table
     (stage 1 at temperature 1, stage 2) and the frontier's curves."""
     from trainer.config import load_config
@@ -63,14 +69,15 @@ def run_seed(out: Path, example: Path, seed: int, device: str, extra: list[str])
     from trainer.loop import Trainer
     from trainer.stages import MLE_BASELINE, fit_run, fit_stage1
 
-    overrides = [*example_overrides(example, seed), *extra]
+    device, stage2_config = args.device, args.stage2_config
+    overrides = [*example_overrides(example, seed), *args.overrides]
     stage1 = [f"model.generator_config={example / 'gpt2'}", *overrides]
     fit_stage1("configs/training/text_stage1.yaml", stage1, output_dir=out / "stage1", device=device, resume="latest")
     pair = [f"model.{role}_config={out / 'stage1' / 'best' / role}" for role in ("generator", "discriminator")]
-    run = load_config("configs/training/text_stage2.yaml", [*pair, *overrides], output_dir=out / "stage2")
+    run = load_config(stage2_config, [*pair, *overrides], output_dir=out / "stage2")
     stage2, _ = fit_run(run, device, resume="latest")
     mle = [*pair, *overrides, "training.objective=mle"]
-    fit_run(load_config("configs/training/text_stage2.yaml", mle, output_dir=out / MLE_BASELINE), device, "latest")
+    fit_run(load_config(stage2_config, mle, output_dir=out / MLE_BASELINE), device, "latest")
     curves = []
     for name, weights in (
         ("stage 1", out / "stage1" / "best"),
@@ -135,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (example / "gpt2" / "config.json").is_file():
         write_text_example(example)
     try:
-        runs = {seed: run_seed(out / f"seed-{seed}", example, seed, args.device, args.overrides) for seed in args.seeds}
+        runs = {seed: run_seed(out / f"seed-{seed}", example, seed, args) for seed in args.seeds}
     finally:
         end_process_group()
     print(f"seeds {' '.join(map(str, args.seeds))}: mean [min, max]")

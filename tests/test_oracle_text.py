@@ -439,3 +439,29 @@ def test_a_config_dict_runs_like_its_file(tmp_path):
     from_file = Trainer(load_config(path, {"output_dir": str(tmp_path / "file")}), device="cpu").fit()
     from_dict = Trainer(load_config(as_dict, {"output_dir": str(tmp_path / "dict")}), device="cpu").fit()
     assert from_dict == from_file and from_file["num_samples"] == EVAL_SIZE
+
+
+@pytest.mark.timeout(120)
+def test_d_oracle_corr_is_the_correlation_of_ratings_with_the_oracles_log_likelihood(tmp_path):
+    """d_oracle_corr: Pearson's r of the discriminator's rating of each generated sequence with
+    its log-likelihood under the oracle (minus its nll_oracle), by hand on three sequences."""
+    from trainer.config import load_config
+    from trainer.tasks import load_task
+
+    task = load_task(load_config(write_oracle_run(tmp_path)))
+    nll_oracle, d_fake = [3.0, 1.0, 2.0], [0.5, 2.0, -1.0]
+    outputs = {
+        "nll_oracle": torch.tensor(nll_oracle),
+        "nll_test": torch.tensor([1.0, 1.0, 1.0]),
+        "d_real": torch.tensor([9.0, -9.0, 4.0]),
+        "d_fake": torch.tensor(d_fake),
+    }
+    quality = [-v for v in nll_oracle]
+    mean_q, mean_d = sum(quality) / 3, sum(d_fake) / 3
+    covariance = sum((q - mean_q) * (d - mean_d) for q, d in zip(quality, d_fake, strict=True))
+    spread = math.sqrt(sum((q - mean_q) ** 2 for q in quality) * sum((d - mean_d) ** 2 for d in d_fake))
+    metrics = task.eval_metrics(outputs)
+    assert metrics["d_oracle_corr"] == pytest.approx(covariance / spread)  # 0.2774, not 0 nor +-1
+    assert metrics["d_accuracy"] == pytest.approx(3 / 6)
+    outputs["d_fake"] = torch.zeros(3)  # a rating that never changes tells nothing
+    assert math.isnan(task.eval_metrics(outputs)["d_oracle_corr"])

@@ -8,7 +8,8 @@ classifier, both built from their config files (no download) or loaded from
 policy gradient on the discriminator's reward (REINFORCE with the batch mean as baseline),
 optionally mixed with maximum likelihood. Eval generates from the eval sequences' prefixes
 and scores ``nll_oracle`` (quality), ``nll_test`` (the generator's NLL on held-out real
-sequences: diversity) and ``d_accuracy``.
+sequences: diversity), ``d_accuracy`` and ``d_oracle_corr`` (whether the discriminator's
+rating of a generated sequence tracks its quality).
 
 Token ids: the oracle's vocabulary is 0..V-1; the generator and discriminator have one more
 token, V, the start token (also the padding id; never generated).
@@ -17,6 +18,7 @@ token, V, the start token (also the padding id; never generated).
 from __future__ import annotations
 
 import functools
+import math
 import os
 import shutil
 from dataclasses import dataclass
@@ -30,7 +32,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 from trainer.errors import ConfigError
 from trainer.tasks.base import TensorRows
 from trainer.tasks.oracle import OracleLSTM
-from trainer.tasks.sequence_gan import SequenceGanOptions, SequenceGanTask
+from trainer.tasks.sequence_gan import SequenceGanOptions, SequenceGanTask, cache_root, discriminator_accuracy
 from trainer.tasks.transformers_models import build_config
 
 #: sequences are sampled from the oracle in chunks of this size, so a dataset does not depend
@@ -56,11 +58,12 @@ class OracleTextOptions(SequenceGanOptions):
     eval_temperature: float = 1.0
 
 
-def cache_root(configured: str) -> Path:
-    """Where generated datasets are cached (``data.cache_dir``, else the user's cache)."""
-    if configured:
-        return Path(configured)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "trainer"
+def pearson(x: torch.Tensor, y: torch.Tensor) -> float:
+    """Pearson's correlation of two equally long vectors; NaN where either is constant (a
+    rating that never changes says nothing about quality)."""
+    x, y = x.double() - x.double().mean(), y.double() - y.double().mean()
+    spread = float((x.square().sum() * y.square().sum()).sqrt())
+    return float((x * y).sum()) / spread if spread > 0 else math.nan
 
 
 def oracle_sequences(oracle: OracleLSTM, options: OracleTextOptions, train_size: int, eval_size: int, cache: Path):
@@ -207,11 +210,11 @@ class OracleTextTask(SequenceGanTask):
         return outputs
 
     def eval_metrics(self, outputs: dict[str, torch.Tensor]) -> dict[str, float]:
-        correct = (outputs["d_real"] > 0).sum() + (outputs["d_fake"] <= 0).sum()
         return {
             "nll_oracle": float(outputs["nll_oracle"].double().mean()),
             "nll_test": float(outputs["nll_test"].double().mean()),
-            "d_accuracy": float(correct) / (2 * len(outputs["d_real"])),
+            "d_accuracy": discriminator_accuracy(outputs),
+            "d_oracle_corr": pearson(outputs["d_fake"], -outputs["nll_oracle"]),
         }
 
     def on_eval(self, step: int, outputs: dict[str, torch.Tensor], output_dir: Path, trackers: list[Any]) -> None:

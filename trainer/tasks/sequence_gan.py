@@ -10,6 +10,7 @@ sequences of one fixed length, and every mean is a plain mean.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -73,6 +74,19 @@ class SequenceGanOptions:
     top_p: float = 1.0
     #: generated sequences written to OUTPUT/samples/step-N.txt at each eval
     write_samples: int = 10
+
+
+def cache_root(configured: str) -> Path:
+    """Where generated and tokenized datasets are cached (``data.cache_dir``, else the user's cache)."""
+    if configured:
+        return Path(configured)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "trainer"
+
+
+def discriminator_accuracy(outputs: dict[str, torch.Tensor]) -> float:
+    """The eval's ``d_accuracy``: real rated above 0, generated at or below, over both."""
+    correct = (outputs["d_real"] > 0).sum() + (outputs["d_fake"] <= 0).sum()
+    return float(correct) / (2 * len(outputs["d_real"]))
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

@@ -37,8 +37,7 @@ from transformers import (
 from trainer.config import as_list
 from trainer.errors import ConfigError, DataError
 from trainer.model_configs import is_model_source
-from trainer.tasks.oracle_text import cache_root
-from trainer.tasks.sequence_gan import SequenceGanOptions, SequenceGanTask
+from trainer.tasks.sequence_gan import SequenceGanOptions, SequenceGanTask, cache_root, discriminator_accuracy
 from trainer.tasks.transformers_models import build_config
 
 logger = logging.getLogger("trainer")
@@ -399,7 +398,6 @@ class TextTask(SequenceGanTask):
         return [text.split() for text in self.decode(self._splits["eval"]["input_ids"])]
 
     def eval_metrics(self, outputs: dict[str, torch.Tensor]) -> dict[str, float]:
-        correct = (outputs["d_real"] > 0).sum() + (outputs["d_fake"] <= 0).sum()
         rows = outputs["generated"].tolist()
         bigrams: list[tuple[int, int]] = []
         for row in rows:
@@ -408,7 +406,7 @@ class TextTask(SequenceGanTask):
         words = [text.split() for text in self.decode(rows[: self.options.bleu_samples])]
         return {
             "nll_test": float(outputs["nll_test"].double().mean()),
-            "d_accuracy": float(correct) / (2 * len(outputs["d_real"])),
+            "d_accuracy": discriminator_accuracy(outputs),
             "mean_length": float(outputs["length"].double().mean()),
             "distinct2": len(set(bigrams)) / len(bigrams) if bigrams else 0.0,
             "bleu4": mean_bleu(words, lambda _: self._reference_words),
