@@ -465,3 +465,47 @@ def test_d_oracle_corr_is_the_correlation_of_ratings_with_the_oracles_log_likeli
     assert metrics["d_accuracy"] == pytest.approx(3 / 6)
     outputs["d_fake"] = torch.zeros(3)  # a rating that never changes tells nothing
     assert math.isnan(task.eval_metrics(outputs)["d_oracle_corr"])
+
+
+def test_partial_correlation_is_the_correlation_of_what_the_given_variable_leaves():
+    from trainer.tasks.oracle_report import partial_correlation
+    from trainer.tasks.oracle_text import pearson
+
+    torch.manual_seed(0)
+    given = torch.randn(200, dtype=torch.float64)
+    x, y = given + torch.randn(200, dtype=torch.float64), 2 * given + torch.randn(200, dtype=torch.float64)
+
+    def residual(v: torch.Tensor) -> torch.Tensor:  # v less its least-squares line on `given`
+        design = torch.stack([torch.ones_like(given), given], dim=1)
+        return v - design @ torch.linalg.lstsq(design, v.unsqueeze(1)).solution.squeeze(1)
+
+    expected = pearson(residual(x), residual(y))
+    assert abs(expected) < 0.2 < pearson(x, y)  # the shared part is what makes x and y correlate
+    assert partial_correlation(x, y, given) == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.timeout(300)
+def test_oracle_discriminator_prints_each_correlation_over_all_samples_and_each_chunk(tmp_path):
+    import subprocess
+    import sys
+
+    from trainer.config import load_config
+    from trainer.loop import Trainer
+
+    config = write_oracle_run(tmp_path, {"training": {"max_steps": 2}})
+    Trainer(load_config(config), device="cpu").fit()
+    script = ROOT / "scripts" / "oracle_discriminator.py"
+    args = [sys.executable, str(script), str(tmp_path / "out" / "final"), "--config", str(config)]
+    done = subprocess.run([*args, "--samples", "60", "--chunk", "20"], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    rows = done.stdout.splitlines()
+    assert rows[0].startswith("60 sequences of the generator") and len(rows) == 5
+    for row in rows[1:]:
+        values = [float(v) for v in row.split(")")[-1].split()]
+        assert len(values) == 4 and all(-1 <= v <= 1 for v in values)  # all 60, then 3 chunks of 20
+    d_oracle, g_oracle, d_g, partial = (float(row.split(")")[-1].split()[0]) for row in rows[1:])
+    assert rows[2].startswith("corr(generator's log-likelihood, oracle") and rows[4].startswith("partial corr")
+    # the last row is what the first three make of it (they print 3 decimals)
+    assert partial == pytest.approx((d_oracle - d_g * g_oracle) / math.sqrt((1 - d_g**2) * (1 - g_oracle**2)), abs=0.01)
+    bad = subprocess.run([*args, "--samples", "10", "--chunk", "20"], capture_output=True, text=True, timeout=240)
+    assert bad.returncode == 2 and "--chunk 20" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

@@ -4,6 +4,7 @@ stage-1 and maximum-likelihood generators over temperatures, see :mod:`trainer.f
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,7 @@ from trainer.config import load_config
 from trainer.frontier import Curve, Point, Verdict, curve_table, judge, plot, summary_line, verdict_line
 from trainer.stages import MLE_BASELINE
 from trainer.tasks import load_task
+from trainer.tasks.oracle_text import pearson
 
 if TYPE_CHECKING:
     from trainer.stages import StageResult
@@ -40,6 +42,56 @@ def frontier(
                 totals[name] += float(outputs[name].double().sum())
         count = len(loader.dataset)
         rows.append((temperature, totals["nll_oracle"] / count, totals["nll_test"] / count))
+    return rows
+
+
+def partial_correlation(x: torch.Tensor, y: torch.Tensor, given: torch.Tensor) -> float:
+    """Pearson's correlation of ``x`` and ``y`` with what ``given`` explains linearly of each removed."""
+    r_xy, r_xz, r_yz = pearson(x, y), pearson(x, given), pearson(y, given)
+    return (r_xy - r_xz * r_yz) / math.sqrt((1 - r_xz**2) * (1 - r_yz**2))
+
+
+#: the rows of :func:`discriminator_quality`: what each says, by key
+QUALITY_ROWS = {
+    "d_oracle": "corr(discriminator's rating, oracle log-likelihood)",
+    "g_oracle": "corr(generator's log-likelihood, oracle log-likelihood)",
+    "d_g": "corr(discriminator's rating, generator's log-likelihood)",
+    "d_oracle_given_g": "partial corr(discriminator, oracle | generator's log-likelihood)",
+}
+
+
+@torch.no_grad()
+def discriminator_quality(
+    pair_dir: str, config: str, overrides: list[str], samples: int, chunk: int, device: str, seed: int = 0
+) -> dict[str, list[float]]:
+    """Whether a discriminator rates quality beyond what its generator's own likelihood knows:
+    on ``samples`` sequences of the generator in ``pair_dir`` (temperature 1), the correlations of
+    :data:`QUALITY_ROWS` (per token means of log-likelihoods; the rating is the discriminator's
+    logit of the whole sequence), over all samples first, then over each ``chunk`` of them."""
+    pair = Path(pair_dir)
+    run = load_config(config, overrides, pair / "generator", pair / "discriminator")
+    task = load_task(run)
+    generator = task.build_generator().to(device).eval()
+    discriminator = task.build_discriminator().to(device).eval()
+    rng = torch.Generator(device).manual_seed(seed)
+    columns: dict[str, list[torch.Tensor]] = {"d": [], "g": [], "oracle": []}
+    oracle = task.oracle.to(device)
+    for start in range(0, samples, chunk):
+        sequences = task.generate(generator, min(chunk, samples - start), rng)
+        columns["d"].append(task.score(discriminator, sequences).double().cpu())
+        columns["g"].append(task.token_log_probs(generator, sequences).double().mean(1).cpu())
+        columns["oracle"].append(oracle.token_log_probs(sequences).double().mean(1).cpu())
+    parts = [{name: values[i] for name, values in columns.items()} for i in range(len(columns["d"]))]
+    whole = {name: torch.cat(values) for name, values in columns.items()}
+    rows: dict[str, list[float]] = {}
+    for c in (whole, *parts):
+        for key, value in (
+            ("d_oracle", pearson(c["d"], c["oracle"])),
+            ("g_oracle", pearson(c["g"], c["oracle"])),
+            ("d_g", pearson(c["d"], c["g"])),
+            ("d_oracle_given_g", partial_correlation(c["d"], c["oracle"], c["g"])),
+        ):
+            rows.setdefault(key, []).append(value)
     return rows
 
 
