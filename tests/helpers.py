@@ -110,3 +110,18 @@ def tensorboard_text(out: Path, tag: str) -> list[str]:
         for name in (t for t in events.Tags()["tensors"] if t.startswith(tag)):
             texts += [event.tensor_proto.string_val[0].decode() for event in events.Tensors(name)]
     return texts
+
+
+def use_scaler(monkeypatch: Any, scaler: Any) -> None:
+    """Runs built while ``monkeypatch`` holds get ``scaler`` as their Accelerator's GradScaler
+    (another initial scale; on the CPU, where accelerate makes none, the fp16 path)."""
+    from trainer import world
+
+    build = world.build_accelerator
+
+    def build_with_scaler(*args: Any, **kwargs: Any) -> Any:
+        accelerator = build(*args, **kwargs)
+        accelerator.scaler = scaler
+        return accelerator
+
+    monkeypatch.setattr(world, "build_accelerator", build_with_scaler)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from helpers import check, launch, records, write_run
+from helpers import check, launch, records, use_scaler, write_run
 
 from trainer import losses
 
@@ -79,7 +79,7 @@ def test_penalties_under_fp16_follow_the_amp_recipe(penalty):
 
 
 @pytest.mark.timeout(120)
-def test_the_loop_gives_the_penalties_the_scalers_scale(tmp_path):
+def test_the_loop_gives_the_penalties_the_scalers_scale(tmp_path, monkeypatch):
     """Under a GradScaler each D step's penalties get its scale; in float32, scaling then
     unscaling by a power of two is exact, so the R1 term equals the unscaled run's."""
     from fixture_tasks import PenaltyScale
@@ -92,7 +92,9 @@ def test_the_loop_gives_the_penalties_the_scalers_scale(tmp_path):
         PenaltyScale.seen.clear()
         training = {"loss": "hinge", "r1_weight": 1.0, "max_steps": 2, "log_every": 1}
         config = write_run(tmp_path / name, {"task": "fixture_tasks:PenaltyScale", "training": training})
-        Trainer(load_config(config), device="cpu", scaler=scaler).fit()
+        if scaler is not None:
+            use_scaler(monkeypatch, scaler)
+        Trainer(load_config(config), device="cpu").fit()
         assert PenaltyScale.seen == [1.0 if scaler is None else 2.0**16] * 2
         r1[name] = [record["r1"] for record in records(tmp_path / name / "out", "train")]
     assert r1["scaled"] == r1["plain"] and all(value > 0 for value in r1["plain"])

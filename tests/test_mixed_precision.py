@@ -6,19 +6,20 @@ from __future__ import annotations
 import pytest
 import torch
 from fixture_tasks import Overflow
-from helpers import records, write_run
+from helpers import records, use_scaler, write_run
 
 from trainer.config import load_config
 from trainer.loop import Trainer
 
 
-def step_two_generator(tmp_path, inject: bool):
+def step_two_generator(tmp_path, monkeypatch, inject: bool):
     """Run step 1, then step 2 with D's step either overflowing (inject) or a no-op (lr 0);
     returns G's weights after step 2 and the facts of D's step. With nonfinite=error, an
     overflow under the GradScaler is still routine: skipped, not an error."""
     training = {"gradient_accumulation_steps": 2, "nonfinite": "error"}
     config = write_run(tmp_path, {"task": "fixture_tasks:Overflow", "training": training})
-    trainer = Trainer(load_config(config), device="cpu", scaler=torch.amp.GradScaler("cpu", init_scale=2.0**16))
+    use_scaler(monkeypatch, torch.amp.GradScaler("cpu", init_scale=2.0**16))
+    trainer = Trainer(load_config(config), device="cpu")
     with trainer.start():
         scaler = trainer.accelerator.scaler
         trainer.run_phase(trainer.d)
@@ -45,9 +46,9 @@ def step_two_generator(tmp_path, inject: bool):
 
 
 @pytest.mark.timeout(120)
-def test_overflow_in_one_model_leaves_the_other_update_exact(tmp_path):
-    g_clean, clean = step_two_generator(tmp_path / "clean", inject=False)
-    g_overflow, overflow = step_two_generator(tmp_path / "overflow", inject=True)
+def test_overflow_in_one_model_leaves_the_other_update_exact(tmp_path, monkeypatch):
+    g_clean, clean = step_two_generator(tmp_path / "clean", monkeypatch, inject=False)
+    g_overflow, overflow = step_two_generator(tmp_path / "overflow", monkeypatch, inject=True)
     assert overflow["skipped_d"] == 1 and overflow["scale_ratio"] == 0.5 and overflow["d_unchanged"]
     assert clean["skipped_d"] == 0 and clean["scale_ratio"] == 1.0 and clean["d_unchanged"]
     assert overflow["skipped_g"] == clean["skipped_g"] == 0

@@ -49,8 +49,6 @@ class Trainer(RunOutputs):
     ``fit()`` runs in the current process (which may be one rank of a launched job). A run
     that does not resume refuses an output directory holding checkpoints, unless
     ``overwrite`` (then that run's checkpoints, records and weights are deleted first).
-    ``scaler``: a GradScaler to use instead of accelerate's (another initial scale; on the CPU,
-    where accelerate makes none, the fp16 path).
 
     ``fit()`` is :meth:`start`, :meth:`step` until ``training.max_steps`` or an agreed stop,
     then the final export; a caller may drive the same steps itself::
@@ -75,14 +73,12 @@ class Trainer(RunOutputs):
         run: RunConfig,
         device: str = "auto",
         resume: str | None = None,
-        scaler: torch.amp.GradScaler | None = None,
         overwrite: bool = False,
     ) -> None:
         self.run = run
         self.config = run.config
         self.device = device
         self.resume = resume
-        self.scaler = scaler
         self.overwrite = overwrite
         # Building the task checks its options and model configs: still no device touched.
         self.task: Task = load_task(run)
@@ -140,9 +136,7 @@ class Trainer(RunOutputs):
 
     def _build_accelerator(self) -> None:
         self.trackers = resolve_trackers(self.config.training.log_with)
-        self.accelerator = world.build_accelerator(
-            self.config, self.device, str(self.output_dir), self.trackers, self.scaler
-        )
+        self.accelerator = world.build_accelerator(self.config, self.device, str(self.output_dir), self.trackers)
         # Entered by start(); the rank is known only now.
         self.watchdog = Watchdog(self.config.distributed.watchdog_s, self.output_dir, self.accelerator.process_index)
         if self.accelerator.num_processes > 1:

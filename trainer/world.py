@@ -33,13 +33,8 @@ def build_accelerator(
     device: str,
     project_dir: str | None,
     log_with: Sequence[str] | None = None,
-    scaler: torch.amp.GradScaler | None = None,
 ) -> Accelerator:
-    """Create the one Accelerator of a run and check the world it sees.
-
-    ``scaler`` replaces accelerate's GradScaler (on the CPU, where accelerate makes none, a
-    CPU GradScaler gives the fp16 path).
-    """
+    """Create the one Accelerator of a run and check the world it sees."""
     if cfg.distributed.debug:
         # Read by torch when the process group starts: checks that every rank runs the same
         # collective and reports the mismatch instead of hanging.
@@ -50,8 +45,6 @@ def build_accelerator(
         # Without cpu=True on a machine without GPUs, a launcher starts N one-process worlds.
         cpu = form_process_group(device, cfg.distributed.timeout_s)
         accelerator = make_accelerator(cfg, cpu, project_dir, log_with)
-    if scaler is not None:
-        accelerator.scaler = scaler
     check_world(accelerator)
     check_supported(accelerator)
     return accelerator

@@ -115,13 +115,6 @@ class OracleLSTM(nn.Module):
         return torch.cat(steps, dim=1)
 
     @torch.no_grad()
-    def mean_entropy(self, sequences: torch.Tensor) -> float:
-        """The mean entropy of the next-token distributions along ``sequences``: for samples of
-        the oracle, an estimate of its entropy rate independent of their log-probabilities."""
-        total = sum(float(-(log_p.exp() * log_p).sum().double()) for log_p in self._walk(sequences))
-        return total / sequences.numel()
-
-    @torch.no_grad()
     def sample(self, num: int, length: int, rng: torch.Generator) -> torch.Tensor:
         """``num`` sequences of ``length`` tokens drawn with ``rng``."""
         previous, h, c = self._initial(num)
