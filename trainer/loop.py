@@ -43,7 +43,7 @@ logger = get_logger("trainer")
 PROGRESS_NAMES = {"adversarial": "stage 2", "mle": "stage 1: generator", "discriminator": "stage 1: discriminator"}
 
 
-class Trainer(RunOutputs):
+class Trainer:
     """Stage-2 adversarial training of a task's generator against its discriminator.
 
     ``fit()`` runs in the current process (which may be one rank of a launched job). A run
@@ -59,14 +59,16 @@ class Trainer(RunOutputs):
     """
 
     #: set by :meth:`start`: the accelerator, the two phases (model, optimizer, scheduler,
-    #: counters), the micro-batch stream, the run's counters, the records and checkpoints
+    #: counters), the micro-batch stream, the run's counters, the checkpoints, the generator's
+    #: average (None without one), and what the run writes (its log, eval and exports)
     accelerator: Accelerator
     d: Phase
     g: Phase
     stream: BatchStream
     state: TrainState
-    metrics: MetricsLog
     checkpoints: Checkpoints
+    ema: GeneratorEma | None
+    outputs: RunOutputs
 
     def __init__(
         self,
@@ -86,12 +88,9 @@ class Trainer(RunOutputs):
         #: the cause of an agreed stop ("a stop signal", "training.max_time"), else None
         self.stopped: str | None = None
         self.signals = StopSignals()
-        #: no progress bar: a log line per train record instead
-        self.progress_lines = True
         self._session: contextlib.ExitStack | None = None
         self._steps_run = 0
-        self._started = self._window_start = 0.0
-        self._window_step = 0
+        self._started = 0.0
 
     # -- the lifecycle -------------------------------------------------------------------------
     @watched
@@ -113,8 +112,8 @@ class Trainer(RunOutputs):
         except BaseException:
             self.close()
             raise
-        self._started = self._window_start = time.monotonic()
-        self._window_step = self.state.step
+        self._started = time.monotonic()
+        self.outputs.start_window()
         return self
 
     @watched
@@ -166,7 +165,7 @@ class Trainer(RunOutputs):
         self.ema = GeneratorEma(generator, t.ema_decay, t.ema_start, t.ema_warmup, acc.device) if t.ema_decay else None
         opt_g, sched_g = run_parts.optimization(cfg.optim.generator, generator, t.max_steps)
         train_loader, eval_loader = run_parts.loaders(task, cfg, train_set, eval_set)
-        generator, opt_g, sched_g, train_loader, self.eval_loader = acc.prepare(
+        generator, opt_g, sched_g, train_loader, eval_loader = acc.prepare(
             generator, opt_g, sched_g, train_loader, eval_loader
         )
         if t.d_steps_per_g_step:
@@ -204,9 +203,13 @@ class Trainer(RunOutputs):
             {**({"ema": self.ema.averaged} if self.ema else {}), **task.checkpoint_modules()},
         )
         resumed_from = self._resume() if self.resume else None
+        metrics = MetricsLog(acc, self.output_dir, resumed_from) if training else None
+        phases = (self.d, self.g)
+        self.outputs = RunOutputs(
+            acc, cfg, task, self.output_dir, phases, self.state, self.checkpoints, self.ema, eval_loader, metrics
+        )
         if not training:
             return
-        self.metrics = MetricsLog(acc, self.output_dir, resumed_from)
         if self.trackers:
             project, init_kwargs = tracker_settings(cfg, self.trackers)
             acc.init_trackers(project, config=flat_hparams(cfg), init_kwargs=init_kwargs)
@@ -277,7 +280,7 @@ class Trainer(RunOutputs):
         """The phase's optimizer step (see :meth:`Phase.step_optimizer`), then the skip check.
         The gradients were all-reduced by DDP, so whether they are finite is the same on every
         rank: a NaN produced on one rank reaches all of them, and every rank skips together."""
-        log_norm = self.logs_at(self.state.step + 1)
+        log_norm = self.outputs.logs_at(self.state.step + 1)
         skipped, finite = phase.step_optimizer(self.accelerator.scaler, self.direct_step, log_norm)
         self._check_skips(phase, skipped, finite)
 
@@ -345,20 +348,20 @@ class Trainer(RunOutputs):
             desc=PROGRESS_NAMES[t.objective],
             dynamic_ncols=True,
         )
-        self.progress_lines = bar.disable
+        self.outputs.progress_lines = bar.disable
         last_eval: dict[str, Any] = {}
         with logging_redirect_tqdm() if not bar.disable else contextlib.nullcontext():
             if self.state.step >= t.max_steps:
                 # Resumed from the end of a finished run: nothing to train; its models' scores
                 # are the answer (not written again: the run's records hold them already).
-                last_eval, _ = self.score()
+                last_eval, _ = self.outputs.score()
             while self.state.step < t.max_steps and not self.stopped:
                 metrics = self.step()
                 bar.update(1)
                 last_eval = last_eval if metrics is None else metrics
         bar.close()
         if not self.stopped:
-            self.export("final")
+            self.outputs.export("final")
         collectives.barrier(acc, "at the end")
         if acc.is_main_process and acc.trackers:
             for tracker in acc.trackers:
@@ -373,7 +376,7 @@ class Trainer(RunOutputs):
         its cause."""
         t, state = self.config.training, self.state
         stop = self.train_step()
-        if self.logs_at(state.step):
+        if self.outputs.logs_at(state.step):
             self.log()
         # A stop asked at the last step is moot: the run ends here anyway, with its eval.
         if stop and state.step < t.max_steps:
@@ -387,6 +390,19 @@ class Trainer(RunOutputs):
         if state.step % t.save_every == 0 or state.step == t.max_steps:
             self.save()
         return metrics
+
+    # -- what a step writes, for a caller that drives the steps itself ------------------------
+    def log(self) -> None:
+        """The train record of the steps since the last one (see :meth:`RunOutputs.log`)."""
+        self.outputs.log()
+
+    def run_eval(self) -> dict[str, Any]:
+        """Score the eval set, write its record and ``best/`` when it improves; the metrics."""
+        return self.outputs.run_eval()
+
+    def save(self) -> None:
+        """Write a checkpoint of the whole run (every rank takes part)."""
+        self.outputs.save()
 
     @watched
     def evaluate(self, source: str | Path | None = None) -> dict[str, Any]:
@@ -403,7 +419,7 @@ class Trainer(RunOutputs):
                 if source is not None:
                     self.config, self.resume = run_parts.evaluation_source(self.accelerator, self.config, Path(source))
                 self._setup(training=False)
-                metrics, _ = self.score()
+                metrics, _ = self.outputs.score()
             return metrics
         finally:
             world.release_accelerator()

@@ -1,7 +1,6 @@
-"""What a run writes while it trains, as methods of :class:`trainer.loop.Trainer`: the train
-record of each log step, the eval (and ``best/`` when it improves), checkpoints and the
-``best/``/``final/`` exports. Every rank calls each of them at the same step; the main
-process writes."""
+"""What a run writes while it trains: the train record of each log step, the eval (and
+``best/`` when it improves), checkpoints and the ``best/``/``final/`` exports. Every rank calls
+each of them at the same step; the main process writes."""
 
 from __future__ import annotations
 
@@ -32,23 +31,37 @@ logger = get_logger("trainer")
 
 
 class RunOutputs:
-    """The log, eval, checkpoint and export steps of a Trainer (a mixin: the run it writes is
-    the Trainer's)."""
+    """The log, eval, checkpoint and export steps of one run, over the parts the run is made of
+    (its phases, counters, records and checkpoints); the steps/s of the train records count
+    from :meth:`start_window`."""
 
-    accelerator: Accelerator
-    config: Config
-    task: Task
-    output_dir: Path
-    d: Phase
-    g: Phase
-    state: TrainState
-    metrics: MetricsLog
-    checkpoints: Checkpoints
-    ema: GeneratorEma | None
-    eval_loader: Any
-    progress_lines: bool
-    _window_start: float
-    _window_step: int
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        config: Config,
+        task: Task,
+        output_dir: Path,
+        phases: tuple[Phase, Phase],
+        state: TrainState,
+        checkpoints: Checkpoints,
+        ema: GeneratorEma | None,
+        eval_loader: Any,
+        metrics: MetricsLog | None,
+    ) -> None:
+        self.accelerator, self.config, self.task = accelerator, config, task
+        self.output_dir = output_dir
+        self.d, self.g = phases
+        self.state, self.checkpoints, self.ema = state, checkpoints, ema
+        self.eval_loader = eval_loader
+        #: None for an eval-only run, which writes nothing
+        self.metrics = metrics
+        #: no progress bar: one log line per train record instead
+        self.progress_lines = True
+        self.start_window()
+
+    def start_window(self) -> None:
+        """The next train record's steps/s counts from now and this step."""
+        self._window_start, self._window_step = time.monotonic(), self.state.step
 
     @contextlib.contextmanager
     def _outside_throughput(self) -> Iterator[None]:
@@ -73,7 +86,7 @@ class RunOutputs:
         """
         acc, t = self.accelerator, self.config.training
         steps, elapsed = self.state.step - self._window_step, time.monotonic() - self._window_start
-        self._window_start, self._window_step = time.monotonic(), self.state.step
+        self.start_window()
         window = {name: mean for phase in (self.d, self.g) for name, mean in phase.window_means().items()}
         names = list(window)
         collectives.check_same_on_every_rank(
