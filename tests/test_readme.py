@@ -38,6 +38,8 @@ COVERED = {
     "through scripts/gpu_check.sh",
     "bash scripts/gpu_check.sh": "needs a GPU; tests/test_bench.py runs it with DEVICE=cpu",
     'pip install -e ".[peft]"': ".ci/run installs the dev extra, which holds the peft extra's library",
+    "python scripts/run_text.py --device cpu --stage2-config configs/training/text_stage2_spin.yaml": "the ddo "
+    "command's path (test_readme_text_table); tests/test_text.py trains spin on texts",
     "python scripts/bench_peft.py": "a benchmark (an hour on a 2-core CPU); tests/test_bench.py runs it at the "
     "tiny size",
     "python scripts/bench_peft.py --checkpointing": "a benchmark; tests/test_bench.py runs it at the tiny size",
@@ -54,6 +56,7 @@ TEXT_STAGE2 = (
 )
 
 TEXT_TABLE = "python scripts/run_text.py --device cpu --seeds 0"
+TEXT_DDO = "python scripts/run_text.py --device cpu --stage2-config configs/training/text_stage2_ddo.yaml"
 #: the text recipe at a tiny size: a few steps, a small eval
 TEXT_TINY = [
     "--set=training.max_steps=2",
@@ -65,6 +68,7 @@ TEXT_TINY = [
 
 #: run on the stage-1 generator of test_readme_stage1_then_stage2_alone
 FRONTIER = "python scripts/oracle_frontier.py outputs/oracle/stage1/best/generator"
+ORACLE_DISCRIMINATOR = "python scripts/oracle_discriminator.py outputs/oracle/stage1/best"
 RING_DEBUG = ["--debug"]
 #: oracle_text at a tiny size: a few steps, a small corpus
 ORACLE_TINY = [
@@ -129,10 +133,12 @@ def test_every_readme_command_is_run_or_covered():
         "python scripts/train_stage2.py --config configs/training/ring.yaml --device cpu --resume latest",
         "python -m pdb scripts/train_stage2.py --config configs/training/ring.yaml --device cpu --debug",
         FRONTIER,
+        ORACLE_DISCRIMINATOR,
         TEXT_EXAMPLE,
         TEXT_STAGE1,
         TEXT_STAGE2,
         TEXT_TABLE,
+        TEXT_DDO,
     }
     unknown = commands - set(COVERED) - set(RUN) - dependent
     assert not unknown, f"README commands neither run nor covered by a test: {sorted(unknown)}"
@@ -199,6 +205,9 @@ def test_readme_stage1_then_stage2_alone(tmp_path):
     rows = frontier.stdout.strip().splitlines()
     assert rows[0].split()[:3] == ["temperature", "nll_oracle", "nll_test"]
     assert [row.split()[0] for row in rows[1:]] == ["1.00", "0.95", "0.90", "0.85", "0.80"]
+    pair = ORACLE_DISCRIMINATOR.replace("outputs/oracle/stage1", str(tmp_path / "stage1"))
+    rows = run(pair, "--samples", "40", "--chunk", "20").stdout.strip().splitlines()
+    assert rows[0].startswith("40 sequences") and rows[-1].startswith("partial corr") and len(rows) == 5
 
 
 @pytest.mark.timeout(300)
@@ -251,8 +260,16 @@ def test_readme_text_example(tmp_path):
 
 
 @pytest.mark.timeout(450)
-def test_readme_text_table(tmp_path):
-    result = run(TEXT_TABLE, *TEXT_TINY, f"--set=data.cache_dir={tmp_path / 'cache'}", "--output-dir", str(tmp_path))
+@pytest.mark.parametrize(("command", "stage2_part"), [(TEXT_TABLE, "reward"), (TEXT_DDO, "log_ratio_real")])
+def test_readme_text_table(tmp_path, command, stage2_part):
+    cache = f"--set=data.cache_dir={tmp_path / 'cache'}"
+    result = run(command, "--seeds", "0", *TEXT_TINY, cache, "--output-dir", str(tmp_path))
+    # stage 2 ran the command's config (its loss parts), the baseline maximum likelihood only
+    assert all(stage2_part in record for record in records(tmp_path / "seed-0" / "stage2", "train"))
+    assert all(
+        set(record) & {"g_loss", "reward"} == {"g_loss"}
+        for record in records(tmp_path / "seed-0" / "stage2-mle", "train")
+    )
     rows = result.stdout.splitlines()
     assert rows[0] == "seeds 0: mean [min, max]" and rows[1].split() == ["nll_test", "bleu4", "self_bleu4"]
     assert [row[:7] for row in rows[2:4]] == ["stage 1", "stage 2"]
