@@ -1,19 +1,8 @@
-"""What a rank must learn even while it is blocked: a peer failed, or a stop signal came and
-the agreed stop cannot be reached.
-
-A collective cannot carry the news of a failure: the failing rank never reaches the next one,
-and the others wait in theirs (on gloo until the socket closes, with a raw "Connection closed
-by peer"; on NCCL until the process-group timeout or the launcher's SIGKILL). So the failing
-rank posts one notice on the launcher's store (the TCPStore every rank reached at start-up,
-out of band), and a daemon thread on every rank polls it: a notice from another rank ends
-this one at once with one line naming that rank, the phase it failed in and the error.
-
-The same thread reads the signals: Python runs a signal handler only between bytecodes of the
-main thread, so a rank blocked in a collective would ignore the launcher's SIGTERM until its
-SIGKILL. The C-level handler still writes the signal's number to a wake-up pipe
-(``signal.set_wakeup_fd``), which this thread reads; if the agreed stop has not ended the
-process within ``distributed.stop_grace_s``, it exits with one line.
-"""
+"""What a rank must learn even while it is blocked in a collective: a peer failed (the failing
+rank posts a notice on the launcher's store; a daemon thread on every rank reads it), a peer
+ended without a notice (the store's loss), or a stop signal came and the agreed stop cannot be
+reached (the signal's wake-up pipe, read by the same thread). Why a collective cannot carry
+this news, and how each outcome comes about: docs/RELIABILITY.md."""
 
 from __future__ import annotations
 

@@ -1,20 +1,7 @@
-"""Forming the process group: a key space of its own for each launcher round, one device for
-every rank, and a bound on how long start-up may take.
-
-Why a key space of its own. Under ``torchrun --max-restarts N`` and ``accelerate launch
---max_restarts N`` torch's elastic agent hosts one TCPStore for the whole job and hands it to
-every round of workers (``TORCHELASTIC_USE_AGENT_STORE=True``); torch's env:// rendezvous then
-connects the restarted workers to that same store without a per-round prefix. The default
-group's keys (gloo's listening addresses, NCCL's unique id) are named the same in every round,
-so a restarted worker could read the previous round's address before its peer wrote the new
-one (measured: gloo's ``connectFullMesh`` failed with "Connection refused" or waited past
-every timeout). The round cannot be named after ``TORCHELASTIC_RESTART_COUNT``: on several
-nodes each agent counts its own restarts (an agent restarted because another node failed does
-not count it), so the nodes' names differ and the restarted group never forms. So the ranks
-agree on a name first (:func:`agree_on_round`), form the group under it, and the Accelerator
-takes that group as it is. Forming it itself also lets the ranks agree on the backend first
-(see :func:`agree_on_device`).
-"""
+"""Forming the process group: a key space of its own for each launcher round (the ranks agree
+on its name first, :func:`agree_on_round`), one device for every rank, and a bound on how long
+start-up may take. Why each (the elastic agent's one store for every round, the per-agent
+restart counts): docs/RELIABILITY.md, "Restarts"."""
 
 from __future__ import annotations
 
