@@ -86,8 +86,8 @@ def test_a_pretrained_gpt2_trains_with_its_dropout_unless_disabled(tmp_path, dis
     )
     with Trainer(load_config(config), device="cpu").start() as trainer:
         batch = trainer.stream.next()
-        first, _ = trainer.g.compute(batch)
-        second, _ = trainer.g.compute(batch)
+        first, _ = trainer.g.loss(batch)
+        second, _ = trainer.g.loss(batch)
         bare = trainer.g.bare
         assert bare.training
         dropouts = [m.p for m in bare.modules() if isinstance(m, torch.nn.Dropout)]

@@ -31,10 +31,9 @@ from trainer.errors import DataError, NonFiniteError
 from trainer.logs import ensure_logging
 from trainer.metrics import MetricsLog, flat_hparams, resolve_trackers, tracker_settings
 from trainer.outputs import RunOutputs
-from trainer.phases import BatchStream, Phase, frozen
+from trainer.phases import BatchStream, Phase, after_generator_step, discriminator_loss, frozen, generator_loss
 from trainer.stop_signals import StopSignals
 from trainer.tasks import Task, load_task
-from trainer.tasks.base import Penalties
 from trainer.watchdog import HEARTBEAT, Watchdog, watched
 
 logger = get_logger("trainer")
@@ -180,19 +179,22 @@ class Trainer:
                 f"{cfg.data.path or 'data.train_size'}: {len(train_set)} training samples are fewer than "
                 f"one batch per process ({t.batch_size} x {acc.num_processes} processes)"
             )
+        self.noise = torch.Generator(device=acc.device)
+        self.noise.manual_seed(noise_seed(t.seed, acc.process_index))
         # The two phases: what each model computes on a micro-batch, and what it holds still.
-        self.d = Phase("d", "discriminator", discriminator, acc.unwrap_model(discriminator), opt_d, sched_d,
-                       cfg.optim.discriminator.max_grad_norm, self._discriminator_loss, needs_data=True)  # fmt: skip
-        self.g = Phase("g", "generator", generator, acc.unwrap_model(generator), opt_g, sched_g,
-                       cfg.optim.generator.max_grad_norm, self._generator_loss, task.generator_needs_data,
-                       frozen=list(self.d.params))  # fmt: skip
-        self.g.after_step = self._after_generator_step
+        bare_d, bare_g = acc.unwrap_model(discriminator), acc.unwrap_model(generator)
+        d_loss = functools.partial(discriminator_loss, task, t, acc, self.noise)
+        g_loss = functools.partial(generator_loss, task, t, self.noise)
+        optim = cfg.optim
+        self.d = Phase("d", "discriminator", discriminator, bare_d, opt_d, sched_d, optim.discriminator.max_grad_norm,
+                       d_loss, needs_data=True, opponent=bare_g)  # fmt: skip
+        self.g = Phase("g", "generator", generator, bare_g, opt_g, sched_g, optim.generator.max_grad_norm,
+                       g_loss, task.generator_needs_data, opponent=bare_d, frozen=list(self.d.params),
+                       after_step=functools.partial(after_generator_step, task, acc, self.ema))  # fmt: skip
         plain = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
         self.direct_step = acc.scaler is None and acc.distributed_type in plain
         self.state = TrainState(run_id=run_id)
         self.stream = BatchStream(acc, train_loader)
-        self.noise = torch.Generator(device=acc.device)
-        self.noise.manual_seed(noise_seed(t.seed, acc.process_index))
         self.checkpoints = Checkpoints(
             acc,
             self.output_dir,
@@ -232,28 +234,6 @@ class Trainer:
         return self.state.step
 
     # -- one optimizer step ------------------------------------------------------------------
-    def _discriminator_loss(self, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Real vs generated (by the bare generator, without gradients)."""
-        real = self.task.real(batch)
-        with torch.no_grad():
-            fake = self.task.generate(self.g.bare, real.shape[0], self.noise, batch)
-        penalties = Penalties.of_step(self.config.training, self.d.steps, self.accelerator)
-        return self.task.discriminator_loss(self.d.model, real, fake, self.noise, penalties)
-
-    def _generator_loss(self, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Stage 1: maximum likelihood; else through the bare discriminator, frozen by the phase."""
-        if self.config.training.objective == "mle":
-            return self.task.mle_loss(self.g.model, batch)
-        return self.task.generator_loss(self.g.model, self.d.bare, self.config.training.batch_size, self.noise, batch)
-
-    def _after_generator_step(self) -> None:
-        """The moving average, then the task's own update (a DDO round), from the bare weights
-        (and rank 0's running statistics, so that the average is the same on every rank)."""
-        collectives.share_running_statistics(self.accelerator, self.g.bare, "generator running statistics")
-        if self.ema is not None:
-            self.ema.update(self.g.bare, self.g.steps)
-        self.task.after_generator_step(self.g.bare, self.g.steps)
-
     def run_phase(self, phase: Phase) -> None:
         """One optimizer step of ``phase``: its micro-batches under accelerate's accumulate()
         (DDP syncs on the last), then its optimizer steps; ``phase.frozen`` held still."""
@@ -262,12 +242,12 @@ class Trainer:
                 HEARTBEAT.beat(f"{phase.role} phase", self.state.step)
                 batch = self.stream.next() if phase.needs_data else None
                 with self._micro_batch(phase):
-                    loss, parts = phase.compute(batch)
+                    loss, parts = phase.loss(batch)
                     collectives.backward(self.accelerator, loss, phase.role)
                 phase.record(loss, parts)
         self._finish_phase(phase)
         if phase.after_step is not None:
-            phase.after_step()
+            phase.after_step(phase)
 
     def _micro_batch(self, phase: Phase) -> contextlib.AbstractContextManager[None]:
         """accelerate's accumulate(); a phase of one micro-batch always syncs, and skipping the

@@ -1,5 +1,6 @@
 """The parts of a training step: the two phases (one model, its optimizer and what it
-computes, with its counters), the resumable stream of micro-batches, and the optimizers."""
+computes, with its counters), what each computes (the losses, and what follows a generator
+step), the resumable stream of micro-batches, and the optimizers."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from accelerate import Accelerator
 from torch import nn
 
 from trainer import collectives
-from trainer.config import OptimizerSection
+from trainer.config import OptimizerSection, TrainingSection
+from trainer.ema import GeneratorEma
+from trainer.tasks.base import Penalties, Task
 
 OPTIMIZERS = {
     "adam": torch.optim.Adam,
@@ -24,7 +27,7 @@ OPTIMIZERS = {
 }
 
 #: a phase's loss on one micro-batch (None when the phase takes no data), and its parts
-Compute = Callable[[Any], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+Compute = Callable[["Phase", Any], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
 def build_optimizer(section: OptimizerSection, model: nn.Module) -> torch.optim.Optimizer:
@@ -42,6 +45,7 @@ class Phase:
     """One side of the game: its model, optimizer, scheduler and clipping bound, what it
     computes on a micro-batch, and its counters.
 
+    ``opponent`` is the other model's bare module, which the phase's computation calls;
     ``frozen`` are parameters held still while the phase runs (the discriminator's, for the
     generator phase, which calls the bare discriminator: its DDP reducer does no work and no
     gradient reaches it)."""
@@ -57,9 +61,10 @@ class Phase:
     max_grad_norm: float
     compute: Compute
     needs_data: bool
+    opponent: nn.Module
     frozen: list[nn.Parameter] = field(default_factory=list)
-    #: called after each of the phase's optimizer steps (the generator's moving average)
-    after_step: Callable[[], None] | None = None
+    #: called with the phase after each of its optimizer steps (the generator's moving average)
+    after_step: Callable[[Phase], None] | None = None
     #: optimizer steps taken, steps skipped (non-finite gradients), skips in a row
     steps: int = 0
     skipped: int = 0
@@ -72,6 +77,10 @@ class Phase:
 
     def __post_init__(self) -> None:
         self.params = list(self.bare.parameters())
+
+    def loss(self, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The phase's loss on one micro-batch (None when it takes no data), and its parts."""
+        return self.compute(self, batch)
 
     def record(self, loss: torch.Tensor, parts: dict[str, torch.Tensor]) -> None:
         self.losses.append(loss.detach())
@@ -153,6 +162,37 @@ class Phase:
         self.steps = record[f"{self.name}_steps"]
         self.skipped = record[f"skipped_{self.name}"]
         self.consecutive_skips = record[f"consecutive_skips_{self.name}"]
+
+
+def discriminator_loss(
+    task: Task, training: TrainingSection, accelerator: Accelerator, noise: torch.Generator, phase: Phase, batch: Any
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The discriminator phase's computation: real against generated (by the bare generator,
+    without gradients), with the penalties due at this discriminator step."""
+    real = task.real(batch)
+    with torch.no_grad():
+        fake = task.generate(phase.opponent, real.shape[0], noise, batch)
+    penalties = Penalties.of_step(training, phase.steps, accelerator)
+    return task.discriminator_loss(phase.model, real, fake, noise, penalties)
+
+
+def generator_loss(
+    task: Task, training: TrainingSection, noise: torch.Generator, phase: Phase, batch: Any
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The generator phase's computation: stage 1's maximum likelihood, else the task's loss
+    through the bare discriminator (frozen by the phase)."""
+    if training.objective == "mle":
+        return task.mle_loss(phase.model, batch)
+    return task.generator_loss(phase.model, phase.opponent, training.batch_size, noise, batch)
+
+
+def after_generator_step(task: Task, accelerator: Accelerator, ema: GeneratorEma | None, phase: Phase) -> None:
+    """The moving average, then the task's own update (a DDO round), from the bare weights
+    (and rank 0's running statistics, so that the average is the same on every rank)."""
+    collectives.share_running_statistics(accelerator, phase.bare, "generator running statistics")
+    if ema is not None:
+        ema.update(phase.bare, phase.steps)
+    task.after_generator_step(phase.bare, phase.steps)
 
 
 class BatchStream:
