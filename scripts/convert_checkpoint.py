@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from safetensors.torch import save_file
 
-    from trainer.checkpoint import WEIGHTS_NAME, read_legacy_state_dict
+    from trainer.weights import WEIGHTS_NAME, read_legacy_state_dict
 
     try:
         if not args.source.is_file():

@@ -11,9 +11,9 @@ import torch
 from helpers import ROOT, TESTS, check, env, launch, write_run
 from safetensors.torch import load_file
 
-from trainer.checkpoint import read_legacy_state_dict
 from trainer.errors import CheckpointError
 from trainer.tasks.gaussian_mixture import mlp
+from trainer.weights import read_legacy_state_dict
 from trainer.world import shared_devices
 
 CONVERT = ROOT / "scripts" / "convert_checkpoint.py"

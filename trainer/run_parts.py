@@ -17,7 +17,7 @@ from accelerate import Accelerator
 from torch import nn
 from transformers import get_scheduler
 
-from trainer import adapters, checkpoint, collectives
+from trainer import adapters, checkpoint, collectives, weights
 from trainer.config import Config, InitSection, OptimizerSection, RunConfig, TrainingSection
 from trainer.errors import CheckpointError
 from trainer.model_configs import is_model_source
@@ -74,7 +74,7 @@ def load_model(task: Task, init: str, role: str, build: Callable[[], nn.Module])
             return pretrained
     model = build()
     if init:
-        checkpoint.load_weights(model, init, role)
+        weights.load_weights(model, init, role)
     return model
 
 
