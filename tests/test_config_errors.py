@@ -10,6 +10,8 @@ import yaml
 from helpers import ROOT, SCRIPT, check, env, launch, records, write_run
 
 from trainer import cli
+from trainer.config import load_config
+from trainer.tasks import load_task
 
 
 def run_cli(capsys, args):
@@ -177,6 +179,9 @@ def test_points_from_a_local_file(tmp_path, suffix):
     else:
         write_points(path, rows)
     config = write_run(tmp_path, {"data": {"path": str(path)}, "training": {"max_steps": 2}})
+    # the training set is the file's rows, in order (the eval set is generated from the seed)
+    points = load_task(load_config(config)).train_dataset().columns["points"]
+    assert points.tolist() == [list(row) for row in rows]
     check(launch(["--config", str(config), "--device", "cpu"], 1))
     assert records(tmp_path / "out", "eval")[-1]["num_samples"] == 10
 
