@@ -450,9 +450,10 @@ def test_a_config_dict_runs_like_its_file(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_d_oracle_corr_is_the_correlation_of_ratings_with_the_oracles_log_likelihood(tmp_path):
+def test_d_oracle_corr_and_distinct2_by_hand(tmp_path):
     """d_oracle_corr: Pearson's r of the discriminator's rating of each generated sequence with
-    its log-likelihood under the oracle (minus its nll_oracle), by hand on three sequences."""
+    its log-likelihood under the oracle (minus its nll_oracle); distinct2: distinct bigrams of
+    the generated sequences over all; by hand on three sequences."""
     from trainer.config import load_config
     from trainer.tasks import load_task
 
@@ -463,6 +464,8 @@ def test_d_oracle_corr_is_the_correlation_of_ratings_with_the_oracles_log_likeli
         "nll_test": torch.tensor([1.0, 1.0, 1.0]),
         "d_real": torch.tensor([9.0, -9.0, 4.0]),
         "d_fake": torch.tensor(d_fake),
+        # bigrams (7, 7) x3, (7, 8), (8, 9), (9, 8), (8, 9): 4 distinct of 7
+        "generated": torch.tensor([[7, 7, 7, 7], [7, 8, 9, 8], [8, 9, -1, -1]]),
     }
     quality = [-v for v in nll_oracle]
     mean_q, mean_d = sum(quality) / 3, sum(d_fake) / 3
@@ -471,6 +474,7 @@ def test_d_oracle_corr_is_the_correlation_of_ratings_with_the_oracles_log_likeli
     metrics = task.eval_metrics(outputs)
     assert metrics["d_oracle_corr"] == pytest.approx(covariance / spread)  # 0.2774, not 0 nor +-1
     assert metrics["d_accuracy"] == pytest.approx(3 / 6)
+    assert metrics["distinct2"] == pytest.approx(4 / 7)  # padding (-1) makes no bigram
     outputs["d_fake"] = torch.zeros(3)  # a rating that never changes tells nothing
     assert math.isnan(task.eval_metrics(outputs)["d_oracle_corr"])
 

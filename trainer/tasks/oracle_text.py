@@ -8,8 +8,9 @@ classifier, both built from their config files (no download) or loaded from
 policy gradient on the discriminator's reward (REINFORCE with the batch mean as baseline),
 optionally mixed with maximum likelihood. Eval generates from the eval sequences' prefixes
 and scores ``nll_oracle`` (quality), ``nll_test`` (the generator's NLL on held-out real
-sequences: diversity), ``d_accuracy`` and ``d_oracle_corr`` (whether the discriminator's
-rating of a generated sequence tracks its quality).
+sequences: diversity), ``d_accuracy``, ``d_oracle_corr`` (whether the discriminator's
+rating of a generated sequence tracks its quality) and ``distinct2`` (distinct bigrams of the
+generated sequences: low when they repeat a token, which the oracle may score well).
 
 Token ids: the oracle's vocabulary is 0..V-1; the generator and discriminator have one more
 token, V, the start token (also the padding id; never generated).
@@ -32,7 +33,13 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 from trainer.errors import ConfigError
 from trainer.tasks.base import TensorRows
 from trainer.tasks.oracle import OracleLSTM
-from trainer.tasks.sequence_gan import SequenceGanOptions, SequenceGanTask, cache_root, discriminator_accuracy
+from trainer.tasks.sequence_gan import (
+    SequenceGanOptions,
+    SequenceGanTask,
+    cache_root,
+    discriminator_accuracy,
+    distinct_bigrams,
+)
 from trainer.tasks.transformers_models import build_config
 
 #: sequences are sampled from the oracle in chunks of this size, so a dataset does not depend
@@ -215,6 +222,7 @@ class OracleTextTask(SequenceGanTask):
             "nll_test": float(outputs["nll_test"].double().mean()),
             "d_accuracy": discriminator_accuracy(outputs),
             "d_oracle_corr": pearson(outputs["d_fake"], -outputs["nll_oracle"]),
+            "distinct2": distinct_bigrams(outputs["generated"].tolist()),
         }
 
     def on_eval(self, step: int, outputs: dict[str, torch.Tensor], output_dir: Path, trackers: list[Any]) -> None:

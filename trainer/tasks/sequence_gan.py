@@ -89,6 +89,16 @@ def discriminator_accuracy(outputs: dict[str, torch.Tensor]) -> float:
     return float(correct) / (2 * len(outputs["d_real"]))
 
 
+def distinct_bigrams(rows: list[list[int]]) -> float:
+    """The eval's ``distinct2``: distinct bigrams over all bigrams of the generated rows (padding,
+    negative, dropped); low when samples repeat themselves or one another."""
+    bigrams: list[tuple[int, int]] = []
+    for row in rows:
+        tokens = [t for t in row if t >= 0]
+        bigrams.extend(zip(tokens, tokens[1:], strict=False))
+    return len(set(bigrams)) / len(bigrams) if bigrams else 0.0
+
+
 def masked_mean(values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """The mean of ``values`` where ``mask`` is set (all of them when it is None)."""
     if mask is None:

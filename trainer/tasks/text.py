@@ -37,7 +37,13 @@ from transformers import (
 from trainer.config import as_list
 from trainer.errors import ConfigError, DataError
 from trainer.model_configs import is_model_source
-from trainer.tasks.sequence_gan import SequenceGanOptions, SequenceGanTask, cache_root, discriminator_accuracy
+from trainer.tasks.sequence_gan import (
+    SequenceGanOptions,
+    SequenceGanTask,
+    cache_root,
+    discriminator_accuracy,
+    distinct_bigrams,
+)
 from trainer.tasks.transformers_models import build_config
 
 logger = logging.getLogger("trainer")
@@ -399,16 +405,12 @@ class TextTask(SequenceGanTask):
 
     def eval_metrics(self, outputs: dict[str, torch.Tensor]) -> dict[str, float]:
         rows = outputs["generated"].tolist()
-        bigrams: list[tuple[int, int]] = []
-        for row in rows:
-            tokens = [t for t in row if t >= 0]
-            bigrams.extend(zip(tokens, tokens[1:], strict=False))
         words = [text.split() for text in self.decode(rows[: self.options.bleu_samples])]
         return {
             "nll_test": float(outputs["nll_test"].double().mean()),
             "d_accuracy": discriminator_accuracy(outputs),
             "mean_length": float(outputs["length"].double().mean()),
-            "distinct2": len(set(bigrams)) / len(bigrams) if bigrams else 0.0,
+            "distinct2": distinct_bigrams(rows),
             "bleu4": mean_bleu(words, lambda _: self._reference_words),
             "self_bleu4": mean_bleu(words, lambda i: words[:i] + words[i + 1 :]),
         }
