@@ -14,7 +14,7 @@ from helpers import ROOT, check, deep_merge, launch, records, tensorboard_text
 from safetensors.torch import load_file
 
 from trainer.cli import main
-from trainer.frontier import Curve, Point, judge, verdict_line
+from trainer.frontier import FRONTIER_TEMPERATURES, Curve, Point, judge, verdict_line
 from trainer.tasks.oracle import OracleLSTM
 
 REFERENCE_ORACLE = ROOT.parent / "shared" / "data" / "seqgan_oracle.safetensors"
@@ -375,7 +375,7 @@ def test_bench_prints_both_stages_the_published_values_and_the_frontier_goal(tmp
     result = launch(args, 1, timeout=300, script=ROOT / "scripts" / "bench_oracle.py")
     assert "published nll_oracle" in result.stdout
     curves, verdicts = frontier_lines(result.stdout)
-    assert [p.temperature for p in curves[0].points] == [1.2, 1.1, 1.0, 0.9, 0.8, 0.7, 0.6]
+    assert [p.temperature for p in curves[0].points] == list(FRONTIER_TEMPERATURES)  # run_oracle's default
     met = verdicts[-1] == "beyond the frontier: 1 of 1 seeds"
     assert result.returncode == (0 if met else 1), result.stderr[-3000:]  # --goal
 
