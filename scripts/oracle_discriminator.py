@@ -19,15 +19,13 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from trainer.cli import report  # noqa: E402
 from trainer.errors import ConfigError, UserError  # noqa: E402
 from trainer.logs import configure_logging  # noqa: E402
-from trainer.tasks.oracle_report import QUALITY_ROWS, discriminator_quality  # noqa: E402
+from trainer.tasks.oracle_report import QUALITY_ROWS, command_overrides, discriminator_quality  # noqa: E402
 
 
 def parser() -> argparse.ArgumentParser:
@@ -46,12 +44,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     configure_logging()
-    overrides = list(args.overrides)
-    if args.oracle:
-        overrides.append(f"data.oracle_path={args.oracle}")
     try:
-        if args.device == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("--device cuda: no GPU is visible to this process")
+        overrides = command_overrides(args.overrides, args.oracle, args.device)
         if not 0 < args.chunk <= args.samples:
             raise ConfigError(f"--chunk {args.chunk}: needs 0 < chunk <= --samples {args.samples}")
         rows = discriminator_quality(

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.config import load_config
+from trainer.errors import ConfigError
 from trainer.frontier import Curve, Point, Verdict, curve_table, judge, plot, summary_line, verdict_line
 from trainer.stages import MLE_BASELINE
 from trainer.tasks import load_task
@@ -19,6 +20,14 @@ from trainer.tasks.oracle_text import pearson
 
 if TYPE_CHECKING:
     from trainer.stages import StageResult
+
+
+def command_overrides(overrides: list[str], oracle: str | None, device: str) -> list[str]:
+    """The ``--set`` overrides of an oracle script, with ``--oracle`` as ``data.oracle_path``;
+    ``--device cuda`` where no GPU is visible is a ConfigError."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no GPU is visible to this process")
+    return [*overrides, f"data.oracle_path={oracle}"] if oracle else list(overrides)
 
 
 @torch.no_grad()
