@@ -78,7 +78,9 @@ def discriminator_quality(
     :data:`QUALITY_ROWS` (per token means of log-likelihoods; the rating is the discriminator's
     logit of the whole sequence), over all samples first, then over each ``chunk`` of them."""
     pair = Path(pair_dir)
-    run = load_config(config, overrides, pair / "generator", pair / "discriminator")
+    # The pair is what this run starts from: a config's own init (stage 1's outputs) need not exist.
+    starts = [f"init.{role}={pair / role}" for role in ("generator", "discriminator")]
+    run = load_config(config, [*overrides, *starts], pair / "generator", pair / "discriminator")
     task = load_task(run)
     generator = task.build_generator().to(device).eval()
     discriminator = task.build_discriminator().to(device).eval()
