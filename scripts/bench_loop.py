@@ -35,7 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainer.testing import launch_command, launch_env, records  # noqa: E402
+from harness.launch import launch_command, launch_env, records  # noqa: E402
 
 BATCH, PACKING, TRAIN_SIZE = 100, 2, 100_000
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(2**30), "MALLOC_TRIM_THRESHOLD_": str(2**30)}

@@ -2,7 +2,7 @@
 
     python scripts/fault_matrix.py [--processes 1 2 4] [--scenarios NAME ...] [--repeat N]
 
-The scenarios and their bounds are in trainer/faultmatrix/. In the scenarios of two simulated
+The scenarios and their bounds are in harness/faultmatrix/. In the scenarios of two simulated
 nodes (two_nodes*), --processes counts the processes of each node.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainer.faultmatrix import SCENARIOS, run_scenario  # noqa: E402
+from harness.faultmatrix import SCENARIOS, run_scenario  # noqa: E402
 
 
 def main() -> None:

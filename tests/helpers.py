@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
-from trainer import testing
-from trainer.testing import ROOT, SCRIPT, free_port, launch_command, launch_env, records
+from harness import launch as launching
+from harness.launch import ROOT, SCRIPT, free_port, launch_command, launch_env, records
 
 TESTS = Path(__file__).resolve().parent
 __all__ = ["ROOT", "SCRIPT", "free_port", "launch_command", "records"]
@@ -82,8 +82,8 @@ def env() -> dict[str, str]:
 
 
 def worker_env(rank: int, world_size: int, port: int) -> dict[str, str]:
-    """The environment a launcher gives worker ``rank`` (see trainer.testing.worker_env)."""
-    return testing.worker_env(rank, world_size, port, [TESTS])
+    """The environment a launcher gives worker ``rank`` (see harness.launch.worker_env)."""
+    return launching.worker_env(rank, world_size, port, [TESTS])
 
 
 def launch(

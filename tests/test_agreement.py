@@ -17,7 +17,7 @@ def fault_run(tmp_path, options, training=None):
     return write_run(
         tmp_path,
         {
-            "task": "trainer.faultmatrix.inject:Faults",
+            "task": "harness.faultmatrix.inject:Faults",
             "task_options": options,
             "training": {"max_steps": 4, **(training or {})},
         },

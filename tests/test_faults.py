@@ -1,11 +1,11 @@
-"""Every scenario of the fault matrix (trainer/faultmatrix) at 2 processes (two simulated nodes
+"""Every scenario of the fault matrix (harness/faultmatrix) at 2 processes (two simulated nodes
 of 1 process each for the node scenarios): no hang, each outcome within its bound."""
 
 from __future__ import annotations
 
 import pytest
 
-from trainer.faultmatrix import NODE_SCENARIOS, SCENARIOS, run_scenario
+from harness.faultmatrix import NODE_SCENARIOS, SCENARIOS, run_scenario
 
 
 @pytest.mark.timeout(400)

@@ -32,7 +32,7 @@ def faulty_run(tmp_path, options):
     config = write_run(
         tmp_path,
         {
-            "task": "trainer.faultmatrix.inject:Faults",
+            "task": "harness.faultmatrix.inject:Faults",
             "task_options": options,
             "training": {"max_steps": 6, "save_every": 3, "eval_every": 3},
             "distributed": {"watchdog_s": 60},
@@ -88,7 +88,7 @@ def test_the_others_wait_for_the_main_process_s_writes_with_the_long_work_bound(
     config = write_run(
         tmp_path,
         {
-            "task": "trainer.faultmatrix.inject:Faults",
+            "task": "harness.faultmatrix.inject:Faults",
             "task_options": {"slow_rename_s": 3},
             "training": {"max_steps": 4, "save_every": 2, "eval_every": 2, "best_metric": "reverse_kl"},
             "distributed": {"watchdog_s": 1.5},

@@ -17,7 +17,7 @@ def test_a_stop_at_the_last_step_still_runs_the_final_eval_and_export(tmp_path):
     config = write_run(
         tmp_path,
         {
-            "task": "trainer.faultmatrix.inject:Faults",
+            "task": "harness.faultmatrix.inject:Faults",
             "task_options": {"sigterm_call": 3},
             "training": {"eval_every": 100},
         },

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainer.faultmatrix.runs import (
+from harness.faultmatrix.runs import (
     HARD_TIMEOUT,
     WATCHDOG_S,
     Outcome,

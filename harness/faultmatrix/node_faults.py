@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from trainer.faultmatrix.runs import (
+from harness.faultmatrix.runs import (
     HARD_TIMEOUT,
     Outcome,
     Run,
@@ -26,7 +26,7 @@ from trainer.faultmatrix.runs import (
     wait,
     with_tail,
 )
-from trainer.testing import ROOT, SCRIPT, free_port
+from harness.launch import ROOT, SCRIPT, free_port
 
 #: the first line of a C++ warning or error a worker logs ("[rank1]:[W1204 ... TCPStore.cpp:125]
 #: ...", then its stack frames); the agents' own have no rank prefix

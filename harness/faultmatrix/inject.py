@@ -2,7 +2,7 @@
 freeze, a stop signal, an error in a task method, a collective on one rank, a slow rename, a
 broken task contract), and a checksum of every rank's weights in each eval.
 
-Launched runs name it ``task: trainer.faultmatrix.inject:Faults``.
+Launched runs name it ``task: harness.faultmatrix.inject:Faults``.
 """
 
 from __future__ import annotations
@@ -66,6 +66,8 @@ class Faults(GaussianMixtureTask):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        # Path.rename for the whole process: this process is a fault-matrix run, nothing else
+        # runs in it, and the trainer renames through Path.rename alone.
         if self.options.slow_rename_s and not getattr(Path, "_slowed", False):
             rename, delay = Path.rename, self.options.slow_rename_s
 

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainer.faultmatrix.runs import HARD_TIMEOUT, Outcome, Run, alive, error_lines, every_rank_says, wait
-from trainer.testing import ROOT, free_port, worker_env
+from harness.faultmatrix.runs import HARD_TIMEOUT, Outcome, Run, alive, error_lines, every_rank_says, wait
+from harness.launch import ROOT, free_port, worker_env
 
 
 def bad_init(kind: str) -> Callable[[Path, int], Outcome]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from trainer.testing import ROOT, launch_command, launch_env, records
+from harness.launch import ROOT, launch_command, launch_env, records
 
 #: seconds a run may take before the matrix kills it and reports a hang
 HARD_TIMEOUT = 180
@@ -54,7 +54,7 @@ class Run:
         (work / "g.yaml").write_text(yaml.safe_dump(sections.pop("generator", {"hidden_dim": 16, "num_layers": 2})))
         (work / "d.yaml").write_text(yaml.safe_dump(sections.pop("discriminator", {"hidden_dim": 16, "num_layers": 2})))
         config: dict[str, Any] = {
-            "task": "trainer.faultmatrix.inject:Faults",
+            "task": "harness.faultmatrix.inject:Faults",
             "output_dir": str(self.out),
             "model": {"generator_config": str(work / "g.yaml"), "discriminator_config": str(work / "d.yaml")},
             "task_options": {"plot": False, "pid_dir": str(self.pids), **(task_options or {})},

@@ -1,6 +1,6 @@
 """The fault matrix: each fault against the real launcher at 1, 2 and 4 CPU processes.
 
-Each scenario starts tiny training runs (the task of :mod:`trainer.faultmatrix.inject` injects
+Each scenario starts tiny training runs (the task of :mod:`harness.faultmatrix.inject` injects
 the faults), applies the fault, and checks the outcome against its bound: every process gone,
 the exit status, the seconds to the outcome, and what was left on disk. Nothing may hang:
 every run has a hard timeout. ``scripts/fault_matrix.py`` prints the table;
@@ -13,8 +13,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from trainer.faultmatrix import input_faults, node_faults, rank_faults
-from trainer.faultmatrix.runs import Outcome
+from harness.faultmatrix import input_faults, node_faults, rank_faults
+from harness.faultmatrix.runs import Outcome
 
 SCENARIOS: dict[str, Callable[[Path, int], Outcome]] = {
     "kill_one_rank": rank_faults.kill_one_rank,
