@@ -103,6 +103,19 @@ def test_watchdog_writes_stacks_and_exits(tmp_path):
 
 
 @pytest.mark.timeout(60)
+def test_a_rank_that_holds_the_gil_meets_the_backstop(tmp_path):
+    # a C call that keeps the GIL (ctypes.PyDLL does not release it): the watchdog's Python thread
+    # cannot run, so only faulthandler's C thread can end the process, at 10 times the bound
+    script = WATCHED.replace("    time.sleep(30)", "    import ctypes; ctypes.PyDLL(None).sleep(40)")
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=50, env=env()
+    )
+    assert time.monotonic() - start < 25 and result.returncode == 1
+    assert "Timeout (0:00:10)!" in result.stderr and 'File "<string>", line 8 in <module>' in result.stderr
+
+
+@pytest.mark.timeout(60)
 def test_long_work_extends_the_bound(tmp_path):
     script = WATCHED.replace(
         "    time.sleep(30)", "    with HEARTBEAT.long_work('checkpoint write', factor=10):\n        time.sleep(3)"

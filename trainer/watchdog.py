@@ -8,11 +8,21 @@ When a rank stalls, its watchdog writes every thread's Python stack to
 ``OUTPUT/stall-rank{R}.txt``, prints one line and ends the process with exit status 4, so that
 the launcher ends the other ranks. A rank frozen from outside (SIGSTOP) cannot report itself;
 the ranks waiting for it in a collective do.
+
+The thread needs the GIL: a main thread stuck in C code that keeps it (a C extension's loop)
+would stop the watchdog too. Its backstop is faulthandler's timer, which runs on a C thread:
+armed from start to close and re-armed by the watchdog at every check, it fires only when the
+watchdog itself has not run for :data:`BACKSTOP_FACTOR` times the bound (30 min by default; the
+caller's own code between calls meets it only if it keeps the GIL that long); it prints every
+thread's stack to stderr and ends the process with exit status 1. faulthandler does not replace
+the thread: it cannot stop its clock between the caller's calls without a re-arm (a thread
+start, about 0.1 ms) in every call, nor name the phase and the collective, nor end frozen peers.
 """
 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import functools
 import os
 import signal
@@ -27,6 +37,9 @@ from typing import Any, TypeVar
 from trainer.errors import print_error_line
 
 STALL_EXIT_CODE = 4
+#: faulthandler's backstop fires when the watchdog thread has not run for this many bounds
+#: (long_work's own allowance included)
+BACKSTOP_FACTOR = 10.0
 T = TypeVar("T")
 
 
@@ -142,6 +155,7 @@ class Watchdog:
     def __enter__(self) -> Watchdog:
         if self.limit_s > 0:
             self.heartbeat.beat()
+            self._arm_backstop()
             self._thread.start()
         return self
 
@@ -149,16 +163,24 @@ class Watchdog:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
+        if self.limit_s > 0:
+            faulthandler.cancel_dump_traceback_later()
 
     def _watch(self) -> None:
         period = min(1.0, self.limit_s / 10)
         while not self._stop.wait(period):
+            self._arm_backstop()
             # running is read before the time: a call that says it runs has restarted the clock
             if not self.heartbeat.running:
                 continue
             idle = time.monotonic() - self.heartbeat.last
             if idle > self.limit_s * self.heartbeat.allowance:
                 self._report_and_exit(idle)
+
+    def _arm_backstop(self) -> None:
+        if sys.__stderr__ is not None:  # None in a process started without a stderr (pythonw)
+            bound = self.limit_s * max(BACKSTOP_FACTOR, 2 * self.heartbeat.allowance)
+            faulthandler.dump_traceback_later(bound, exit=True, file=sys.__stderr__)
 
     def _report_and_exit(self, idle: float) -> None:
         path = self.output_dir / f"stall-rank{self.rank}.txt"
