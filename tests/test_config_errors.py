@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import subprocess
 import sys
 
@@ -200,3 +202,19 @@ def test_bad_stage1_override_names_its_key(tmp_path, capsys):
     code, err = run_cli(capsys, ["--config", str(config)])
     assert code == 2 and len(err) == 1
     assert "key 'stage1.generator.training.max_step'" in err[0] and "did you mean 'training.max_steps'" in err[0]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("lose", "named"), [(("data",), "has no data"), (("generator", "skipped"), "has no generator.skipped")]
+)
+def test_a_checkpoint_record_without_a_part_names_it(tmp_path, capsys, lose, named):
+    config = write_run(tmp_path, {"training": {"max_steps": 2, "save_every": 2}})
+    assert run_cli(capsys, ["--config", str(config), "--device", "cpu"])[0] == 0
+    state = tmp_path / "out" / "checkpoints" / "step-0000002" / "trainer_state.json"
+    record = json.loads(state.read_text())
+    del functools.reduce(dict.__getitem__, lose[:-1], record)[lose[-1]]
+    state.write_text(json.dumps(record))
+    code, err = run_cli(capsys, ["--config", str(config), "--device", "cpu", "--resume", "latest"])
+    assert code == 2 and len(err) == 1, err
+    assert f"step-0000002: cannot resume from this checkpoint: trainer_state.json {named}" in err[0]

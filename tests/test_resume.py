@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -14,6 +15,18 @@ from trainer.checkpoint import STATE_NAME, resolve_resume
 MEASURED = ("samples_per_s", "steps_per_s", "peak_memory_mb")  # machine measurements, not results
 
 
+def as_format_1(record):
+    """A record as checkpoints before 2026-12-05 wrote it: every part's state in one flat mapping."""
+    flat = {**record["run"], **record["data"], "shape": record["shape"]}
+    for role, name in (("discriminator", "d"), ("generator", "g")):
+        part = record[role]
+        flat[f"{name}_steps"], flat[f"skipped_{name}"] = part["steps"], part["skipped"]
+        flat[f"consecutive_skips_{name}"] = part["consecutive_skips"]
+    if "ema" in record:
+        flat["ema_updates"] = record["ema"]["updates"]
+    return flat
+
+
 def weights(directory):
     roles = [path.name for path in directory.iterdir() if (path / "model.safetensors").is_file()]
     return {role: load_file(directory / role / "model.safetensors") for role in roles}
@@ -21,10 +34,18 @@ def weights(directory):
 
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize(
-    ("processes", "ema", "models"),
-    [(1, 0.0, "mlp"), (2, 0.0, "mlp"), (1, 0.8, "mlp"), (2, 0.8, "mlp"), (1, 0.0, "pacgan"), (2, 0.8, "pacgan")],
+    ("processes", "ema", "models", "record_format"),
+    [
+        (1, 0.0, "mlp", 2),
+        (2, 0.0, "mlp", 2),
+        (1, 0.8, "mlp", 2),
+        (2, 0.8, "mlp", 2),
+        (1, 0.0, "pacgan", 2),
+        (2, 0.8, "pacgan", 2),
+        (2, 0.8, "mlp", 1),  # a checkpoint written before each part had its own key
+    ],
 )
-def test_resume_is_bit_identical(tmp_path, processes, ema, models):
+def test_resume_is_bit_identical(tmp_path, processes, ema, models, record_format):
     # 40 samples in batches of 4 with 2 micro-batches per phase: the checkpoint at step 3
     # falls in the middle of an epoch, with Adam state, a decaying learning rate and the
     # noise generator all mid-way (and the average of the generator, from step 1 with warm-up).
@@ -53,6 +74,15 @@ def test_resume_is_bit_identical(tmp_path, processes, ema, models):
     uninterrupted = weights(out / "final")
     uninterrupted_records = records(out)
     shutil.copytree(out / "final", tmp_path / "final-uninterrupted")
+
+    # Each part of the run keeps its state under its own key.
+    state_file = out / "checkpoints" / "step-0000003" / STATE_NAME
+    record = json.loads(state_file.read_text())
+    parts = {"format", "shape", "run", "data", "discriminator", "generator", *(["ema"] if ema else [])}
+    assert set(record) == parts and record["format"] == 2 and record["run"]["step"] == 3
+    assert record["generator"] == {"steps": 3, "skipped": 0, "consecutive_skips": 0}
+    if record_format == 1:
+        state_file.write_text(json.dumps(as_format_1(record)))
 
     # Without the old records, those the resumed run writes show where it started.
     (out / "metrics.jsonl").unlink()

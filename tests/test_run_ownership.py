@@ -45,7 +45,10 @@ def test_pruning_keeps_the_checkpoint_just_written_and_other_runs_checkpoints(tm
     root = tmp_path / "checkpoints"
     for step, run_id in [(10, "old"), (20, "old"), (40, "old"), (2, "this"), (4, "this"), (6, "this")]:
         (root / f"step-{step:07d}").mkdir(parents=True)
-        (root / f"step-{step:07d}" / STATE_NAME).write_text(json.dumps({"step": step, "run_id": run_id}))
+        run = {"step": step, "run_id": run_id}
+        # this run's first checkpoint in the flat record of checkpoints before 2026-12-05
+        record = run if (step, run_id) in [(2, "this"), (10, "old")] else {"format": 2, "run": run}
+        (root / f"step-{step:07d}" / STATE_NAME).write_text(json.dumps(record))
     # keep 2 of this run's: step 2 goes, step 6 (just written) and 4 stay, the old run's stay
     assert stale_checkpoints(tmp_path, "this", 2, root / "step-0000006") == [root / "step-0000002"]
     # the one just written is kept even when it is not the newest by step

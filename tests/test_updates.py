@@ -126,7 +126,7 @@ def test_updates_equal_reference(tmp_path, processes):
     # batches each rank took (the G phase of this task takes none).
     state = json.loads((out / "checkpoints" / "step-0000003" / "trainer_state.json").read_text())
     batches_per_epoch = TRAIN_SIZE // (BATCH * processes)
-    assert state["epoch"] * batches_per_epoch + state["position"] == STEPS * D_STEPS * accumulation
+    assert state["data"]["epoch"] * batches_per_epoch + state["data"]["position"] == STEPS * D_STEPS * accumulation
 
 
 @pytest.mark.timeout(120)

@@ -50,25 +50,57 @@ class TrainState:
 
 
 class Stateful(Protocol):
-    """A part of a run whose state a checkpoint's record holds (JSON values, one flat mapping
-    shared by every part, so each part's names must be its own)."""
+    """A part of a run whose state (JSON values) a checkpoint's record holds under the part's
+    own key."""
 
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, record: dict[str, Any]) -> None: ...
 
 
+#: the layout of ``trainer_state.json``: 2 keys each part's state by the part's name (``run``
+#: holds the step and the run id); checkpoints written before 2026-12-05 hold one flat mapping
+#: of every part's names, which :func:`parts_of_flat_record` reads
+RECORD_FORMAT = 2
+
+
+def parts_of_flat_record(record: dict[str, Any]) -> dict[str, Any]:
+    """A record of the first layout (one flat mapping) as the second's parts."""
+    parts: dict[str, Any] = {
+        "shape": record.get("shape"),
+        "run": {name: record[name] for name in ("step", "best_value", "best_step", "run_id") if name in record},
+        "data": {name: record[name] for name in ("epoch", "position") if name in record},
+    }
+    for role, name in (("discriminator", "d"), ("generator", "g")):
+        flat = {
+            "steps": f"{name}_steps",
+            "skipped": f"skipped_{name}",
+            "consecutive_skips": f"consecutive_skips_{name}",
+        }
+        parts[role] = {key: record[old] for key, old in flat.items() if old in record}
+    if "ema_updates" in record:
+        parts["ema"] = {"updates": record["ema_updates"]}
+    return parts
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """The record of the checkpoint at ``path``, in the current layout."""
+    record = json.loads((path / STATE_NAME).read_text())
+    return record if record.get("format") == RECORD_FORMAT else parts_of_flat_record(record)
+
+
 class Checkpoints:
     """Saves and loads a run's whole state: accelerate's (models, optimizers, schedulers,
-    GradScaler, RNGs), the record of ``parts`` (``trainer_state.json``), ``modules`` that are
-    the same on every rank (``NAME.safetensors``, by the main process) and each rank's ``noise``
-    generator; keeps the newest ``keep`` of this run's checkpoints."""
+    GradScaler, RNGs), each of ``parts`` under its name in ``trainer_state.json``, ``modules``
+    that are the same on every rank (``NAME.safetensors``, by the main process) and each rank's
+    ``noise`` generator; keeps the newest ``keep`` of this run's checkpoints. ``parts`` has a
+    ``run``: the :class:`TrainState`, whose step names the checkpoint."""
 
     def __init__(
         self,
         accelerator: Accelerator,
         output_dir: Path,
-        parts: list[Stateful],
+        parts: dict[str, Stateful],
         noise: torch.Generator,
         keep: int,
         shape: dict[str, int],
@@ -79,7 +111,7 @@ class Checkpoints:
 
     def save(self) -> Path:
         """Write ``checkpoints/step-NNNNNNN`` (every rank takes part); its path."""
-        record = {name: value for part in self.parts for name, value in part.state_dict().items()}
+        record = {name: part.state_dict() for name, part in self.parts.items()}
         rank_state = {"noise": self.noise.get_state()}
         return save_checkpoint(
             self.accelerator, self.output_dir, record, rank_state, self.keep, self.shape, self.modules
@@ -92,11 +124,14 @@ class Checkpoints:
             if not (path / f"{name}.safetensors").is_file():
                 raise CheckpointError(f"{path}: no {name}.safetensors: written by a run without it (training.{name}_*)")
             load_model(module, str(path / f"{name}.safetensors"))  # onto the CPU, copied into the module
-        try:
-            for part in self.parts:
-                part.load_state_dict(record)
-        except KeyError as exc:
-            raise CheckpointError(f"{path}: cannot resume from this checkpoint: {STATE_NAME} has no {exc}") from None
+        for name, part in self.parts.items():
+            try:
+                part.load_state_dict(record[name])
+            except KeyError as exc:
+                missing = name if exc.args[0] == name else f"{name}.{exc.args[0]}"
+                raise CheckpointError(
+                    f"{path}: cannot resume from this checkpoint: {STATE_NAME} has no {missing}"
+                ) from None
         self.noise.set_state(rank_state["noise"])
 
 
@@ -171,8 +206,8 @@ def fsync_path(path: Path) -> None:
 def run_id_of(checkpoint: Path) -> str | None:
     """The run id a checkpoint records (None when it cannot be read)."""
     try:
-        return json.loads((checkpoint / STATE_NAME).read_text()).get("run_id", "")
-    except (OSError, ValueError, AttributeError):
+        return read_record(checkpoint)["run"].get("run_id", "")
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
         return None
 
 
@@ -222,15 +257,15 @@ def save_checkpoint(
     modules: dict[str, nn.Module],
 ) -> Path:
     """Write the full training state to ``checkpoints/step-NNNNNNN`` on every rank: ``record``
-    (its ``step`` names the directory, its ``run_id`` the run), each rank's ``rank_state`` and,
+    (each part's state; its ``run`` names the step and the run), each rank's ``rank_state`` and,
     from the main process, ``modules`` (safetensors' ``save_model``: tied weights stored once).
 
     Everything is written under a temporary name; after every rank has finished, the main
     process renames it, so a checkpoint directory with its final name is always complete.
     """
     root = output_dir / "checkpoints"
-    final = root / f"step-{record['step']:07d}"
-    partial = root / f".partial-step-{record['step']:07d}"
+    step, run_id = record["run"]["step"], record["run"]["run_id"]
+    final, partial = root / f"step-{step:07d}", root / f".partial-step-{step:07d}"
     if accelerator.is_main_process:
         shutil.rmtree(partial, ignore_errors=True)
     collectives.barrier(accelerator, "before the checkpoint write")
@@ -240,7 +275,7 @@ def save_checkpoint(
     if accelerator.is_main_process:
         for name, module in modules.items():
             save_model(module, str(partial / f"{name}.safetensors"))
-        (partial / STATE_NAME).write_text(json.dumps({**record, "shape": shape}, indent=1))
+        (partial / STATE_NAME).write_text(json.dumps({"format": RECORD_FORMAT, **record, "shape": shape}, indent=1))
     collectives.barrier(accelerator, "after the checkpoint write")
     if accelerator.is_main_process:
         fsync_tree(partial)  # every rank's files, before the rename makes them the checkpoint
@@ -248,7 +283,7 @@ def save_checkpoint(
             shutil.rmtree(final)
         partial.rename(final)
         fsync_path(root)
-        for old in stale_checkpoints(output_dir, record["run_id"], keep, final):
+        for old in stale_checkpoints(output_dir, run_id, keep, final):
             shutil.rmtree(old, ignore_errors=True)
     # Every rank leaves once the checkpoint has its final name (the callers' long-work bound
     # covers the wait for the main process's rename and pruning).
@@ -262,7 +297,7 @@ def load_checkpoint(
     """Restore accelerate's state ``save_checkpoint`` wrote, for a run of this ``shape``;
     returns the record and this rank's state."""
     try:
-        record = json.loads((path / STATE_NAME).read_text())
+        record = read_record(path)
         check_shape(path, record.pop("shape", None), shape)
         accelerator.load_state(str(path))
         rank_file = path / f"rank_state_{accelerator.process_index}.safetensors"

@@ -58,7 +58,7 @@ class GeneratorEma:
         self.averaged.update_parameters(generator)
 
     def state_dict(self) -> dict[str, int]:
-        return {"ema_updates": self.updates}
+        return {"updates": self.updates}
 
     def load_state_dict(self, record: dict[str, int]) -> None:
-        self.updates = record["ema_updates"]
+        self.updates = record["updates"]

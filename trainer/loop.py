@@ -198,7 +198,8 @@ class Trainer:
         self.checkpoints = Checkpoints(
             acc,
             self.output_dir,
-            [self.state, self.stream, self.d, self.g, *([self.ema] if self.ema else [])],
+            {"run": self.state, "data": self.stream, "discriminator": self.d, "generator": self.g}
+            | ({"ema": self.ema} if self.ema else {}),
             self.noise,
             t.keep_checkpoints,
             checkpoint.run_shape(cfg, acc.num_processes),

@@ -151,17 +151,12 @@ class Phase:
         return means
 
     def state_dict(self) -> dict[str, int]:
-        """The counters, under the names a checkpoint's record and the train log give them."""
-        return {
-            f"{self.name}_steps": self.steps,
-            f"skipped_{self.name}": self.skipped,
-            f"consecutive_skips_{self.name}": self.consecutive_skips,
-        }
+        """The counters (a checkpoint keeps them under the phase's role)."""
+        return {"steps": self.steps, "skipped": self.skipped, "consecutive_skips": self.consecutive_skips}
 
     def load_state_dict(self, record: dict[str, Any]) -> None:
-        self.steps = record[f"{self.name}_steps"]
-        self.skipped = record[f"skipped_{self.name}"]
-        self.consecutive_skips = record[f"consecutive_skips_{self.name}"]
+        self.steps, self.skipped = record["steps"], record["skipped"]
+        self.consecutive_skips = record["consecutive_skips"]
 
 
 def discriminator_loss(
