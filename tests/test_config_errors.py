@@ -218,3 +218,30 @@ def test_a_checkpoint_record_without_a_part_names_it(tmp_path, capsys, lose, nam
     code, err = run_cli(capsys, ["--config", str(config), "--device", "cpu", "--resume", "latest"])
     assert code == 2 and len(err) == 1, err
     assert f"step-0000002: cannot resume from this checkpoint: trainer_state.json {named}" in err[0]
+
+
+def test_a_stage1_part_s_settings_in_their_order_of_precedence():
+    from trainer.config import overridden_by_command_line, stage1_part_overrides
+
+    section = {"training": {"max_steps": 9, "best_metric": "nll_test"}, "optim.generator.lr": 0.1}
+    common = {"training.max_steps": 5, "optim.generator.lr": 0.2, "stage1.generator.optim.generator.lr": 0.3}
+    defaults = {"training.best_metric": "x", "training.seed": 7, "training.max_steps": 1}
+    fixed = {"training.objective": "mle"}
+    merged = stage1_part_overrides("generator", section, common, defaults, fixed)
+    assert merged["training.seed"] == 7  # the part's default, set nowhere else
+    assert merged["training.best_metric"] == "nll_test"  # the section beats the default
+    assert merged["training.max_steps"] == 5  # --set beats the section
+    assert merged["optim.generator.lr"] == 0.3  # --set stage1.generator.KEY beats --set KEY
+    assert merged["training.objective"] == "mle"
+    assert (
+        stage1_part_overrides("generator", section, {**common, "training.objective": "x"}, {}, fixed)[
+            "training.objective"
+        ]
+        == "mle"
+    )  # what the part must be beats everything
+    # reported: the section's max_steps replaced by --set; not its lr, which the user set for the part
+    assert overridden_by_command_line("generator", section, common) == {"training.max_steps": 5}
+    assert overridden_by_command_line("discriminator", section, common) == {
+        "training.max_steps": 5,
+        "optim.generator.lr": 0.2,
+    }

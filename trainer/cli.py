@@ -56,18 +56,6 @@ def parser(stage: int = 2) -> argparse.ArgumentParser:
     return p
 
 
-#: what --debug sets before the --set overrides: a breakpoint may pause a step for as long as
-#: it likes (no watchdog), and everything happens within seconds in this one process
-DEBUG_OVERRIDES = [
-    "training.max_steps=4",
-    "training.eval_every=2",
-    "training.save_every=2",
-    "training.log_every=1",
-    "training.num_workers=0",
-    "distributed.watchdog_s=0",
-]
-
-
 def main(argv: Sequence[str] | None = None, stage: int = 2) -> int:
     """Run stage 2 (or stage 1); returns the exit status (0, or non-zero with one line on stderr)."""
     args = parser(stage).parse_args(argv)
@@ -89,13 +77,19 @@ def run_stage(args: argparse.Namespace, stage: int) -> int:
         from trainer.config import load_config
         from trainer.stages import fit_run, fit_stage1
 
-        flags = (args.config, args.overrides, args.generator_config, args.discriminator_config, args.output_dir)
+        flags = {
+            "config": args.config,
+            "overrides": args.overrides,
+            "generator_config": args.generator_config,
+            "discriminator_config": args.discriminator_config,
+            "output_dir": args.output_dir,
+            "output_suffix": suffix,
+        }
         if stage == 1:
-            result = fit_stage1(*flags, args.device, args.resume, args.overwrite, suffix)
+            result = fit_stage1(**flags, device=args.device, resume=args.resume, overwrite=args.overwrite)
             metrics, stopped = result.metrics, result.stopped
         else:
-            run = load_config(*flags, output_suffix=suffix)
-            metrics, stopped = fit_run(run, args.device, args.resume, args.overwrite)
+            metrics, stopped = fit_run(load_config(**flags), args.device, args.resume, args.overwrite)
     except UserError as exc:
         return report(exc, rank)
     except Exception as exc:
@@ -114,10 +108,12 @@ def debug_arguments(args: argparse.Namespace) -> str:
     debug run, unless one is given)."""
     import torch
 
+    from trainer.config import DEBUG_OVERRIDES, DEBUG_SUFFIX
+
     torch.autograd.set_detect_anomaly(True)
     args.overrides = [*DEBUG_OVERRIDES, *args.overrides]
     args.overwrite = args.overwrite or not args.resume
-    return "-debug"
+    return DEBUG_SUFFIX
 
 
 def report(exc: UserError, rank: str) -> int:

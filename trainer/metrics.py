@@ -10,7 +10,7 @@ from typing import Any
 from accelerate import Accelerator
 
 from trainer.config import Config
-from trainer.schema import to_mapping
+from trainer.config.schema import to_mapping
 
 
 def resolve_trackers(names: list[str]) -> list[str]:

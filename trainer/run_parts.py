@@ -19,10 +19,10 @@ from transformers import get_scheduler
 
 from trainer import adapters, checkpoint, collectives, weights
 from trainer.config import Config, InitSection, OptimizerSection, RunConfig, TrainingSection
+from trainer.config.model_configs import is_model_source
+from trainer.config.schema import to_mapping
 from trainer.errors import CheckpointError
-from trainer.model_configs import is_model_source
 from trainer.phases import build_optimizer
-from trainer.schema import to_mapping
 from trainer.tasks import Task
 
 

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from trainer import collectives
-from trainer.config import RunConfig, load_config
+from trainer.config import RunConfig, load_config, overridden_by_command_line, stage1_part_overrides
+from trainer.config.overrides import dotted, override_mapping
+from trainer.config.schema import read_yaml
 from trainer.loop import Trainer
-from trainer.overrides import dotted, override_mapping
-from trainer.schema import read_yaml
 
 logger = logging.getLogger("trainer")
 
@@ -106,15 +106,11 @@ def fit_stage1(
         "discriminator": ("stage 1 discriminator", discriminator_run, out),
     }
     for part, (name, defaults_and_fixed, run_dir) in parts.items():
-        section = dotted(getattr(base.config.stage1, part))
-        # --set stage1.<part>.KEY=... is the command line's, and more specific than --set KEY=...
-        prefix = f"stage1.{part}."
-        specific = {key[len(prefix) :]: value for key, value in common.items() if key.startswith(prefix)}
-        _report_overridden(f"stage1.{part}", {k: v for k, v in section.items() if k not in specific}, common)
+        section = getattr(base.config.stage1, part)
+        _report_overridden(f"stage1.{part}", section, overridden_by_command_line(part, section, common))
 
-        def build(defaults_and_fixed=defaults_and_fixed, section=section, specific=specific, run_dir=run_dir):
-            defaults, fixed = defaults_and_fixed()
-            overrides = {**defaults, **section, **common, **specific, **fixed}
+        def build(part=part, defaults_and_fixed=defaults_and_fixed, section=section, run_dir=run_dir):
+            overrides = stage1_part_overrides(part, section, common, *defaults_and_fixed())
             return load_config(data, overrides, *models, run_dir, source=source, read_models=read)
 
         run = prepare_run(name, build)
@@ -124,14 +120,14 @@ def fit_stage1(
     return result
 
 
-def _report_overridden(section_name: str, section: dict[str, Any], common: dict[str, Any]) -> None:
+def _report_overridden(section_name: str, section: dict[str, Any], replaced: dict[str, Any]) -> None:
     """Log (on rank 0, before any Accelerator exists) each key of a stage section that the
     command line sets to another value."""
     if os.environ.get("RANK", "0") != "0":
         return
-    for key, value in section.items():
-        if key in common and common[key] != value:
-            logger.info(f"{section_name}: the command line's {key}={common[key]} replaces the config's {value}")
+    values = dotted(section)
+    for key, value in replaced.items():
+        logger.info(f"{section_name}: the command line's {key}={value} replaces the config's {values[key]}")
 
 
 def fit_pipeline(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib
 
 from trainer.config import RunConfig
+from trainer.config.schema import suggestion
 from trainer.errors import ConfigError
-from trainer.schema import suggestion
 from trainer.tasks.base import NoOptions, Penalties, Task
 
 BUILT_IN = {

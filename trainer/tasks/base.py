@@ -18,8 +18,8 @@ from torch import nn
 
 from trainer import losses
 from trainer.config import RunConfig, TrainingSection
+from trainer.config.schema import from_mapping
 from trainer.errors import ConfigError
-from trainer.schema import from_mapping
 
 if TYPE_CHECKING:
     from accelerate import Accelerator

@@ -35,8 +35,8 @@ from transformers import (
 )
 
 from trainer.config import as_list
+from trainer.config.model_configs import is_model_source
 from trainer.errors import ConfigError, DataError
-from trainer.model_configs import is_model_source
 from trainer.tasks.sequence_gan import (
     SequenceGanOptions,
     SequenceGanTask,

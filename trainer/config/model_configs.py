@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from trainer.config.schema import read_yaml
 from trainer.errors import ConfigError
-from trainer.schema import read_yaml
 
 #: ``model.discriminator_config``: the generator's architecture and weights, with a new head
 GENERATOR_BODY = "generator"

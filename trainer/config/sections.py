@@ -1,21 +1,16 @@
-"""The training config: typed dataclasses read from YAML, ``--set`` overrides, validation.
-
-Everything here runs before any process group or device is touched, so a bad config ends
-the run with one line naming the file and the key.
-"""
+"""The training config's sections: typed dataclasses, each checking its own values
+(``check(source)``, a ConfigError naming the key); :class:`Config` checks what spans sections."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_origin
 
+from trainer.config.overrides import dotted
+from trainer.config.schema import field_type, require, suggestion
 from trainer.errors import ConfigError
-from trainer.model_configs import GENERATOR_BODY, read_model_config
-from trainer.overrides import dotted, override_mapping
-from trainer.schema import field_type, from_mapping, read_yaml, suggestion
 
 LOSSES = ("non_saturating", "hinge", "least_squares", "wasserstein")
 
@@ -62,11 +57,31 @@ class OptimizerSection:
     #: clip this model's gradient norm to this value; 0 turns clipping off
     max_grad_norm: float = 0.0
 
+    def check(self, source: str, key: str) -> None:
+        require(self.lr > 0, source, f"{key}.lr", "must be positive")
+        betas_ok = len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas)
+        require(betas_ok, source, f"{key}.betas", "must be two numbers in [0, 1)")
+        require(self.weight_decay >= 0, source, f"{key}.weight_decay", "must be 0 or more")
+        require(self.warmup_steps >= 0, source, f"{key}.warmup_steps", "must be 0 or more")
+        require(self.max_grad_norm >= 0, source, f"{key}.max_grad_norm", "must be 0 (off) or more")
+        from transformers import SchedulerType  # here: reading a config loads no heavy library
+
+        valid = [s.value for s in SchedulerType]
+        if self.scheduler not in valid:
+            raise ConfigError(
+                f"{source}: key '{key}.scheduler' must be one of {', '.join(valid)}, got {self.scheduler!r}"
+                + suggestion(self.scheduler, valid)
+            )
+
 
 @dataclass
 class OptimSection:
     generator: OptimizerSection = field(default_factory=OptimizerSection)
     discriminator: OptimizerSection = field(default_factory=OptimizerSection)
+
+    def check(self, source: str) -> None:
+        self.generator.check(source, "optim.generator")
+        self.discriminator.check(source, "optim.discriminator")
 
 
 @dataclass
@@ -118,12 +133,33 @@ class TrainingSection:
     #: stage 1: the generator by maximum likelihood ("mle"), the discriminator ("discriminator")
     objective: Literal["adversarial", "mle", "discriminator"] = "adversarial"
 
+    def check(self, source: str) -> None:
+        at_least_one = ("max_steps", "batch_size", "gradient_accumulation_steps", "eval_every", "save_every",
+                        "log_every", "keep_checkpoints", "max_consecutive_skips", "r1_interval")  # fmt: skip
+        for name in at_least_one:
+            require(getattr(self, name) >= 1, source, f"training.{name}", "must be at least 1")
+        require(self.d_steps_per_g_step >= 0, source, "training.d_steps_per_g_step", "must be 0 (frozen) or more")
+        require(
+            self.d_steps_per_g_step > 0 or self.objective != "discriminator",
+            source,
+            "training.d_steps_per_g_step",
+            "is 0 (a frozen discriminator) with training.objective discriminator, which trains nothing",
+        )
+        for name in ("num_workers", "gp_weight", "ema_start", "r1_weight"):
+            require(getattr(self, name) >= 0, source, f"training.{name}", "must be 0 or more")
+        require(self.max_time >= 0, source, "training.max_time", "must be 0 (no limit) or more")
+        require(0 <= self.ema_decay < 1, source, "training.ema_decay", "must be in [0, 1) (0: no average)")
+
 
 @dataclass
 class EvalSection:
     batch_size: int = 256
     #: text recipes: generate from each eval sequence's first tokens (0: unconditional)
     prefix_len: int = 0
+
+    def check(self, source: str) -> None:
+        require(self.batch_size >= 1, source, "eval.batch_size", "must be at least 1")
+        require(self.prefix_len >= 0, source, "eval.prefix_len", "must be 0 or more")
 
 
 @dataclass
@@ -150,6 +186,23 @@ class DataSection:
     train_split: str = "train"
     eval_split: str = "validation"
 
+    def check(self, source: str) -> None:
+        require(self.train_size >= 1, source, "data.train_size", "must be at least 1")
+        require(self.eval_size >= 1, source, "data.eval_size", "must be at least 1")
+        for key in ("oracle_path", "path"):
+            name = getattr(self, key)
+            require(not name or Path(name).is_file(), source, f"data.{key}", f"names {name!r}, which is not a file")
+        for key in ("train_files", "eval_files"):
+            for name in as_list(getattr(self, key)):
+                require(Path(name).is_file(), source, f"data.{key}", f"names {name!r}, which is not a file")
+        require(0 <= self.eval_fraction < 1, source, "data.eval_fraction", "must be in [0, 1)")
+        require(
+            not (self.dataset and as_list(self.train_files)),
+            source,
+            "data.dataset",
+            "and data.train_files both name the training texts: keep one",
+        )
+
 
 @dataclass
 class InitSection:
@@ -158,6 +211,16 @@ class InitSection:
 
     generator: str = ""
     discriminator: str = ""
+
+    def check(self, source: str) -> None:
+        for role in ("generator", "discriminator"):
+            path = getattr(self, role)
+            require(
+                not path or Path(path).exists(),
+                source,
+                f"init.{role}",
+                f"names {path!r}, which does not exist (stage-1 weights: run scripts/train_stage1.py first)",
+            )
 
 
 @dataclass
@@ -171,6 +234,11 @@ class DistributedSection:
     stop_grace_s: float = 20.0
     debug: bool = False
 
+    def check(self, source: str) -> None:
+        require(self.timeout_s > 0, source, "distributed.timeout_s", "must be positive")
+        require(self.watchdog_s >= 0, source, "distributed.watchdog_s", "must be 0 (off) or more")
+        require(self.stop_grace_s >= 0, source, "distributed.stop_grace_s", "must be 0 (off) or more")
+
 
 @dataclass
 class Stage1Section:
@@ -183,6 +251,14 @@ class Stage1Section:
     #: start the discriminator from the pre-trained generator's weights (init.discriminator):
     #: a classifier on a language model's body learns real-vs-generated faster than from scratch
     discriminator_from_generator: bool = False
+
+    def check(self, source: str) -> None:
+        for part in ("generator", "discriminator"):
+            for key in dotted(getattr(self, part)):
+                try:
+                    check_override_key(key)
+                except ConfigError as exc:
+                    raise ConfigError(f"{source}: key 'stage1.{part}.{key}': {str(exc).split(': ', 1)[1]}") from None
 
 
 @dataclass
@@ -201,6 +277,18 @@ class Config:
     stage1: Stage1Section = field(default_factory=Stage1Section)
     #: options of the task (recipe); the task checks them against its own schema
     task_options: dict[str, Any] = field(default_factory=dict)
+
+    def check(self, source: str) -> None:
+        """Reject impossible values, naming the key: each section's, then those across sections."""
+        require(bool(self.output_dir), source, "output_dir", "must not be empty")
+        for section in (self.training, self.optim, self.eval, self.data, self.init, self.distributed, self.stage1):
+            section.check(source)
+        require(
+            self.model.peft == "" or not self.training.ema_decay,
+            source,
+            "training.ema_decay",
+            "with model.peft: the average would copy the base weights the adapter leaves frozen; set it to 0",
+        )
 
 
 @dataclass
@@ -231,188 +319,8 @@ def check_override_key(key: str) -> None:
         walked.append(part)
 
 
-def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> None:
-    """Set each dotted key of ``overrides`` in the raw mapping ``data`` (checked against Config)."""
-    for key, value in overrides.items():
-        check_override_key(key)
-        parts = key.split(".")
-        node = data
-        for part in parts[:-1]:
-            child = node.get(part)
-            if not isinstance(child, dict):
-                child = node[part] = {}
-            node = child
-        node[parts[-1]] = value
-
-
-def _require(condition: bool, source: str, key: str, message: str) -> None:
-    if not condition:
-        raise ConfigError(f"{source}: key '{key}' {message}")
-
-
-def validate(cfg: Config, source: str) -> None:
-    """Reject impossible values, naming the key."""
-    t = cfg.training
-    for name in (
-        "max_steps",
-        "batch_size",
-        "gradient_accumulation_steps",
-        "eval_every",
-        "save_every",
-        "log_every",
-        "keep_checkpoints",
-        "max_consecutive_skips",
-        "r1_interval",
-    ):
-        _require(getattr(t, name) >= 1, source, f"training.{name}", "must be at least 1")
-    _require(t.d_steps_per_g_step >= 0, source, "training.d_steps_per_g_step", "must be 0 (frozen) or more")
-    _require(
-        t.d_steps_per_g_step > 0 or t.objective != "discriminator",
-        source,
-        "training.d_steps_per_g_step",
-        "is 0 (a frozen discriminator) with training.objective discriminator, which trains nothing",
-    )
-    _require(t.num_workers >= 0, source, "training.num_workers", "must be 0 or more")
-    _require(t.max_time >= 0, source, "training.max_time", "must be 0 (no limit) or more")
-    _require(t.gp_weight >= 0, source, "training.gp_weight", "must be 0 or more")
-    _require(0 <= t.ema_decay < 1, source, "training.ema_decay", "must be in [0, 1) (0: no average)")
-    _require(t.ema_start >= 0, source, "training.ema_start", "must be 0 or more")
-    _require(t.r1_weight >= 0, source, "training.r1_weight", "must be 0 or more")
-    _require(cfg.eval.batch_size >= 1, source, "eval.batch_size", "must be at least 1")
-    _require(cfg.data.train_size >= 1, source, "data.train_size", "must be at least 1")
-    _require(cfg.data.eval_size >= 1, source, "data.eval_size", "must be at least 1")
-    _require(cfg.eval.prefix_len >= 0, source, "eval.prefix_len", "must be 0 or more")
-    for part, overrides in (("generator", cfg.stage1.generator), ("discriminator", cfg.stage1.discriminator)):
-        for key in dotted(overrides):
-            try:
-                check_override_key(key)
-            except ConfigError as exc:
-                raise ConfigError(f"{source}: key 'stage1.{part}.{key}': {str(exc).split(': ', 1)[1]}") from None
-    for role in ("generator", "discriminator"):
-        opt: OptimizerSection = getattr(cfg.optim, role)
-        key = f"optim.{role}"
-        _require(opt.lr > 0, source, f"{key}.lr", "must be positive")
-        _require(
-            len(opt.betas) == 2 and all(0 <= b < 1 for b in opt.betas),
-            source,
-            f"{key}.betas",
-            "must be two numbers in [0, 1)",
-        )
-        _require(opt.weight_decay >= 0, source, f"{key}.weight_decay", "must be 0 or more")
-        _require(opt.warmup_steps >= 0, source, f"{key}.warmup_steps", "must be 0 or more")
-        _require(opt.max_grad_norm >= 0, source, f"{key}.max_grad_norm", "must be 0 (off) or more")
-        _check_scheduler(opt.scheduler, source, f"{key}.scheduler")
-        path = getattr(cfg.init, role)
-        _require(
-            not path or Path(path).exists(),
-            source,
-            f"init.{role}",
-            f"names {path!r}, which does not exist (stage-1 weights: run scripts/train_stage1.py first)",
-        )
-    _require(
-        not cfg.data.oracle_path or Path(cfg.data.oracle_path).is_file(),
-        source,
-        "data.oracle_path",
-        f"names {cfg.data.oracle_path!r}, which is not a file",
-    )
-    _require(
-        not cfg.data.path or Path(cfg.data.path).is_file(),
-        source,
-        "data.path",
-        f"names {cfg.data.path!r}, which is not a file",
-    )
-    for key in ("train_files", "eval_files"):
-        for name in as_list(getattr(cfg.data, key)):
-            _require(Path(name).is_file(), source, f"data.{key}", f"names {name!r}, which is not a file")
-    _require(0 <= cfg.data.eval_fraction < 1, source, "data.eval_fraction", "must be in [0, 1)")
-    _require(
-        cfg.model.peft == "" or not t.ema_decay,
-        source,
-        "training.ema_decay",
-        "with model.peft: the average would copy the base weights the adapter leaves frozen; set it to 0",
-    )
-    _require(
-        not (cfg.data.dataset and as_list(cfg.data.train_files)),
-        source,
-        "data.dataset",
-        "and data.train_files both name the training texts: keep one",
-    )
-    d = cfg.distributed
-    _require(d.timeout_s > 0, source, "distributed.timeout_s", "must be positive")
-    _require(d.watchdog_s >= 0, source, "distributed.watchdog_s", "must be 0 (off) or more")
-    _require(d.stop_grace_s >= 0, source, "distributed.stop_grace_s", "must be 0 (off) or more")
-    _require(bool(cfg.output_dir), source, "output_dir", "must not be empty")
-
-
 def as_list(value: str | list[str]) -> list[str]:
     """A config value that is one path or a list of them, as a list (empty for '')."""
     if isinstance(value, str):
         return [value] if value else []
     return list(value)
-
-
-def _check_scheduler(name: str, source: str, key: str) -> None:
-    from transformers import SchedulerType
-
-    valid = [s.value for s in SchedulerType]
-    if name not in valid:
-        raise ConfigError(
-            f"{source}: key '{key}' must be one of {', '.join(valid)}, got {name!r}" + suggestion(name, valid)
-        )
-
-
-def load_config(
-    config: str | Path | dict[str, Any],
-    overrides: dict[str, Any] | list[str] | None = None,
-    generator_config: str | Path | None = None,
-    discriminator_config: str | Path | None = None,
-    output_dir: str | Path | None = None,
-    *,
-    source: str | None = None,
-    output_suffix: str = "",
-    read_models: dict[str, dict[str, Any]] | None = None,
-) -> RunConfig:
-    """The resolved run: the training config and both model configs, read, overridden and
-    validated. Later settings win: the built-in defaults, ``config`` (a YAML file, or its
-    contents as a dict), ``overrides`` (dotted keys to values, or ``--set`` strings), then
-    ``generator_config``, ``discriminator_config`` and ``output_dir`` (the command line's flags).
-
-    ``source``: the name errors give a dict ``config`` (its file, when it was read from one).
-    ``output_suffix``: appended to the output directory, unless ``output_dir`` is given.
-    ``read_models``: model configs already read, by the name they were read from, so that a
-    pipeline of runs reads each file once.
-    """
-    if isinstance(config, dict):
-        source, data = source or "the config dict", copy.deepcopy(config)
-    else:
-        source, data = str(config), read_yaml(config, "training config")
-    apply_overrides(data, override_mapping(overrides))
-    if output_dir is not None:
-        data["output_dir"] = str(output_dir)
-    elif output_suffix:
-        data["output_dir"] = f"{data.get('output_dir', Config.output_dir)}{output_suffix}"
-    cfg = from_mapping(Config, data, source)
-    if generator_config is not None:
-        cfg.model.generator_config = str(generator_config)
-    if discriminator_config is not None:
-        cfg.model.discriminator_config = str(discriminator_config)
-    validate(cfg, source)
-    models = {}
-    for role in ("generator", "discriminator"):
-        model_path = getattr(cfg.model, f"{role}_config")
-        if not model_path:
-            raise ConfigError(f"{source}: key 'model.{role}_config' is empty and --{role}-config was not given")
-        if role == "discriminator" and model_path == GENERATOR_BODY:
-            cfg.model.discriminator_config = cfg.model.generator_config
-            models[role] = models["generator"]
-            continue
-        known = (read_models or {}).get(model_path)
-        models[role] = copy.deepcopy(known) if known is not None else read_model_config(model_path, role)
-    return RunConfig(
-        config=cfg,
-        source=source,
-        generator=models["generator"],
-        discriminator=models["discriminator"],
-        generator_source=cfg.model.generator_config,
-        discriminator_source=cfg.model.discriminator_config,
-    )

@@ -26,6 +26,12 @@ T = TypeVar("T")
 FLOAT_WITHOUT_DOT = re.compile(r"[-+]?[0-9]+[eE][-+]?[0-9]+")
 
 
+def require(condition: bool, source: str, key: str, message: str) -> None:
+    """A ConfigError ``SOURCE: key 'KEY' MESSAGE`` unless ``condition`` holds."""
+    if not condition:
+        raise ConfigError(f"{source}: key '{key}' {message}")
+
+
 def read_yaml(path: str | Path, what: str = "config") -> dict[str, Any]:
     """Read a YAML mapping with ``yaml.safe_load``; an empty file is an empty mapping."""
     path = Path(path)
