@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ from helpers import ROOT, SCRIPT, check, env, launch, records, write_run
 
 from trainer import cli
 from trainer.config import load_config
+from trainer.errors import ConfigError
 from trainer.tasks import load_task
 
 
@@ -245,3 +247,18 @@ def test_a_stage1_part_s_settings_in_their_order_of_precedence():
         "training.max_steps": 5,
         "optim.generator.lr": 0.2,
     }
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("task_options.top_p=0", "key 'task_options.top_p' must be in (0, 1]"),
+        ("task_options.kl_coef=-1", "key 'task_options.kl_coef' must be 0 or more"),
+        ("task_options.beta=0", "beta must be positive"),
+        ("task_options.seq_len=0", "key 'task_options.seq_len' must be at least 1"),
+    ],
+)
+def test_a_task_s_options_check_themselves(override, expected):
+    config = ROOT / "configs" / "training" / "stage1.yaml"
+    with pytest.raises(ConfigError, match=re.escape(f"{config}: {expected}") if "key" in expected else expected):
+        load_task(load_config(config, [override]))

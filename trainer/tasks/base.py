@@ -96,6 +96,14 @@ class Task:
             if self.DiscriminatorConfig
             else run.discriminator
         )
+        # Options and model configs that know their own bounds check them (``check(source)``).
+        for value, source in (
+            (self.options, run.source),
+            (self.generator_config, run.generator_source),
+            (self.discriminator_config, run.discriminator_source),
+        ):
+            if callable(getattr(value, "check", None)):
+                value.check(source)
 
     # -- models ------------------------------------------------------------------------
     def build_generator(self) -> nn.Module:

@@ -11,6 +11,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from trainer.config.schema import require
 from trainer.errors import ConfigError, DataError
 from trainer.tasks.base import Task, TensorRows
 
@@ -34,6 +35,9 @@ class GeneratorConfig:
     #: weights drawn from N(0, init_std) and biases 0 (PacGAN: 0.02); 0: PyTorch's default
     init_std: float = 0.0
 
+    def check(self, source: str) -> None:
+        check_mlp(self, source)
+
 
 @dataclass
 class DiscriminatorConfig:
@@ -42,6 +46,20 @@ class DiscriminatorConfig:
     #: hidden layers of maxout units of this many pieces each (PacGAN: 5); 0: ReLU layers
     maxout_pieces: int = 0
     init_std: float = 0.0
+
+    def check(self, source: str) -> None:
+        check_mlp(self, source)
+        require(
+            self.maxout_pieces == 0 or self.maxout_pieces >= 2,
+            source,
+            "maxout_pieces",
+            "must be 0 (ReLU layers) or at least 2",
+        )
+
+
+def check_mlp(model: GeneratorConfig | DiscriminatorConfig, source: str) -> None:
+    if model.num_layers < 0 or model.hidden_dim < 1 or model.init_std < 0:
+        raise ConfigError(f"{source}: keys 'num_layers', 'hidden_dim', 'init_std' must be at least 0, 1 and 0")
 
 
 #: PacGAN's batch normalisation (its library's defaults): epsilon 1e-4, and population
@@ -158,12 +176,6 @@ class GaussianMixtureTask(Task):
                 f"and divide training.batch_size ({batch_size})"
             )
         self.centres, self.std = mixture_modes(self.options.mixture)
-        g, d = self.generator_config, self.discriminator_config
-        for source, model in ((run.generator_source, g), (run.discriminator_source, d)):
-            if model.num_layers < 0 or model.hidden_dim < 1 or model.init_std < 0:
-                raise ConfigError(f"{source}: keys 'num_layers', 'hidden_dim', 'init_std' must be at least 0, 1 and 0")
-        if d.maxout_pieces == 1 or d.maxout_pieces < 0:
-            raise ConfigError(f"{run.discriminator_source}: key 'maxout_pieces' must be 0 (ReLU layers) or at least 2")
 
     def build_generator(self) -> nn.Module:
         g = self.generator_config

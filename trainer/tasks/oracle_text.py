@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
+from trainer.config.schema import require
 from trainer.errors import ConfigError
 from trainer.tasks.base import TensorRows
 from trainer.tasks.oracle import OracleLSTM
@@ -63,6 +64,12 @@ class OracleTextOptions(SequenceGanOptions):
     #: likelier tokens; scripts/oracle_frontier.py sweeps it to draw the quality-diversity
     #: trade-off a stage 2 must beat)
     eval_temperature: float = 1.0
+
+    def check(self, source: str) -> None:
+        super().check(source)
+        require(self.vocab_size >= 2, source, "task_options.vocab_size", "must be at least 2")
+        require(self.seq_len >= 1, source, "task_options.seq_len", "must be at least 1")
+        require(self.eval_temperature > 0, source, "task_options.eval_temperature", "must be positive")
 
 
 def pearson(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -117,8 +124,6 @@ class OracleTextTask(SequenceGanTask):
             raise ConfigError(f"{run.source}: key 'data.path': oracle_text samples its data from the oracle")
         if not 0 <= cfg.eval.prefix_len < o.seq_len:
             raise ConfigError(f"{run.source}: key 'eval.prefix_len' must be less than task_options.seq_len")
-        if o.eval_temperature <= 0:
-            raise ConfigError(f"{run.source}: key 'task_options.eval_temperature' must be positive")
         tokens = {"bos_token_id": self.start_id, "pad_token_id": self.start_id, "eos_token_id": None}
         self.generator_hf = build_config(run.generator, run.generator_source, **tokens)
         self.discriminator_hf = build_config(run.discriminator, run.discriminator_source, num_labels=1, **tokens)

@@ -30,6 +30,7 @@ from transformers import (
 
 from trainer import losses
 from trainer.adapters import AdapterOff
+from trainer.config.schema import require
 from trainer.errors import ConfigError
 from trainer.logs import without_log_records
 from trainer.tasks.base import Penalties, Task
@@ -74,6 +75,18 @@ class SequenceGanOptions:
     top_p: float = 1.0
     #: generated sequences written to OUTPUT/samples/step-N.txt at each eval
     write_samples: int = 10
+
+    def check(self, source: str) -> None:
+        require(
+            self.beta > 0 and self.ddo_alpha >= 0 and self.round_steps >= 0,
+            source,
+            "task_options.beta'/'ddo_alpha'/'round_steps",
+            "beta must be positive, ddo_alpha and round_steps not negative",
+        )
+        for name in ("mle_weight", "kl_coef", "top_k", "write_samples"):
+            require(getattr(self, name) >= 0, source, f"task_options.{name}", "must be 0 or more")
+        require(0 <= self.discount <= 1, source, "task_options.discount", "must be in [0, 1]")
+        require(0 < self.top_p <= 1, source, "task_options.top_p", "must be in (0, 1]")
 
 
 def cache_root(configured: str) -> Path:
@@ -165,11 +178,6 @@ class SequenceGanTask(Task):
                     f"{self.run.source}: key 'training.d_steps_per_g_step': task_options.generator_objective "
                     f"{o.generator_objective} trains no discriminator network (its discriminator is the "
                     "generator's likelihood ratio); set it to 0"
-                )
-            if o.beta <= 0 or o.ddo_alpha < 0 or o.round_steps < 0:
-                raise ConfigError(
-                    f"{self.run.source}: key 'task_options.beta'/'ddo_alpha'/'round_steps': beta must be "
-                    "positive, ddo_alpha and round_steps not negative"
                 )
             if o.round_steps and cfg.model.peft != "":
                 raise ConfigError(

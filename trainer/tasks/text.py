@@ -36,6 +36,7 @@ from transformers import (
 
 from trainer.config import as_list
 from trainer.config.model_configs import is_model_source
+from trainer.config.schema import require
 from trainer.errors import ConfigError, DataError
 from trainer.tasks.sequence_gan import (
     SequenceGanOptions,
@@ -68,6 +69,18 @@ class TextOptions(SequenceGanOptions):
     #: eval: BLEU and Self-BLEU over the first this many generated texts (their cost grows
     #: with the square of it)
     bleu_samples: int = 200
+
+    def check(self, source: str) -> None:
+        super().check(source)
+        for name in ("max_length", "max_new_tokens", "bleu_samples"):
+            require(getattr(self, name) >= 2, source, f"task_options.{name}", "must be at least 2")
+        require(self.temperature > 0, source, "task_options.temperature", "must be positive")
+        require(
+            0 <= self.prompt_len < self.max_length - 1,
+            source,
+            "task_options.prompt_len",
+            "must be in [0, max_length - 1)",
+        )
 
 
 def read_texts(files: list[str], column: str, cache_dir: Path) -> Any:
@@ -199,11 +212,6 @@ class TextTask(SequenceGanTask):
             raise ConfigError(f"{run.source}: key 'data.eval_files' is empty and data.eval_fraction is 0")
         if cfg.eval.prefix_len:
             raise ConfigError(f"{run.source}: key 'eval.prefix_len': the text recipe generates unconditionally (0)")
-        for key, value in (("max_length", o.max_length), ("max_new_tokens", o.max_new_tokens)):
-            if value < 2:
-                raise ConfigError(f"{run.source}: key 'task_options.{key}' must be at least 2")
-        if o.temperature <= 0:
-            raise ConfigError(f"{run.source}: key 'task_options.temperature' must be positive")
         self.tokenizer = self._tokenizer()
         tok = self.tokenizer
         self.eos_id = tok.eos_token_id
@@ -226,8 +234,6 @@ class TextTask(SequenceGanTask):
             longest = max(o.max_length, o.max_new_tokens + 1)
             if positions is not None and positions < longest:
                 raise ConfigError(f"{source}: {positions} positions are fewer than the {longest} a sequence needs")
-        if not 0 <= o.prompt_len < o.max_length - 1:
-            raise ConfigError(f"{run.source}: key 'task_options.prompt_len' must be in [0, max_length - 1)")
         self.prompt_len = o.prompt_len
         # The generator phase takes real texts for its MLE term, or for its prompts.
         needs_data = (cfg.training.objective == "mle", o.mle_weight > 0, self.uses_likelihood_ratio, o.prompt_len > 0)
