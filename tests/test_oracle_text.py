@@ -481,7 +481,7 @@ def test_d_oracle_corr_and_distinct2_by_hand(tmp_path):
 
 def test_partial_correlation_is_the_correlation_of_what_the_given_variable_leaves():
     from trainer.tasks.oracle_report import partial_correlation
-    from trainer.tasks.oracle_text import pearson
+    from trainer.tasks.sequence_metrics import pearson
 
     torch.manual_seed(0)
     given = torch.randn(200, dtype=torch.float64)

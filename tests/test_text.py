@@ -214,7 +214,7 @@ def test_padding_is_excluded_from_the_losses_and_the_eval(tmp_path, example):
 def test_bleu_and_distinct_bigrams_against_hand_computed_values(tmp_path, example):
     from trainer.config import load_config
     from trainer.tasks import load_task
-    from trainer.tasks.text import mean_bleu
+    from trainer.tasks.sequence_metrics import mean_bleu
 
     sentence = "return the value of the named attribute".split()
     assert mean_bleu([sentence], lambda _: [sentence]) == pytest.approx(1.0)
@@ -286,7 +286,7 @@ def test_prompted_generation_continues_real_texts_and_trains_only_what_it_chose(
 
 
 def task_pad(task, real, fake):
-    from trainer.tasks.sequence_gan import pad_right
+    from trainer.tasks.sequence_objectives import pad_right
 
     return pad_right([real, fake], task.pad_id)
 
@@ -295,7 +295,7 @@ def test_every_local_format_reads_the_same_texts(tmp_path):
     """text (a text per line), json, jsonl, csv and parquet, with a column of another name."""
     import datasets
 
-    from trainer.tasks.text import read_texts
+    from trainer.tasks.text_data import read_texts
 
     texts = ["first text, with a comma", "second text", 'third "quoted" text']
     (tmp_path / "texts.txt").write_text("".join(t + "\n" for t in texts))
@@ -315,7 +315,7 @@ def test_prefix_returns_do_not_pay_for_length():
     """A token's return is the discounted mean of the ratings of the prefixes it starts: a
     sequence that ends early, rated as well at every prefix as a longer one, earns as much at
     every position (a discounted sum paid length, and texts grew to the token limit)."""
-    from trainer.tasks.sequence_gan import prefix_returns
+    from trainer.tasks.sequence_objectives import prefix_returns
 
     ratings = torch.tensor([[1.0, 0.0, 1.0, 0.0], [0.6, 0.6, 0.6, 0.6], [0.6, 0.6, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0]])
@@ -338,3 +338,20 @@ def test_the_example_is_the_same_every_time_it_is_written(tmp_path):
     for name in ("model.safetensors", "tokenizer.json", "config.json"):
         assert (first["model"] / name).read_bytes() == (second["model"] / name).read_bytes(), name
     assert first["train"].read_bytes() == second["train"].read_bytes()
+
+
+def test_reinforce_advantages_by_hand():
+    from trainer.tasks.sequence_objectives import reinforce_advantages
+
+    # whole sequences rated 0 and ln 3: rewards 0.5 and 0.75 against their mean 0.625
+    advantage, reward = reinforce_advantages(torch.tensor([0.0, math.log(3)]), None, 0.9, normalize=False)
+    assert torch.allclose(advantage, torch.tensor([[-0.125], [0.125]])) and float(reward) == pytest.approx(0.625)
+    advantage, _ = reinforce_advantages(torch.tensor([0.0, math.log(3)]), None, 0.9, normalize=True)
+    assert torch.allclose(advantage, torch.tensor([[-1.0], [1.0]]) / math.sqrt(2), atol=1e-5)  # std 0.125 * sqrt(2)
+    # every prefix rated, the first sequence ended after 2 tokens: its third position is padding,
+    # which has no advantage and no part in the third position's baseline (the second's 0.75)
+    ratings = torch.tensor([[0.0, 0.0, 5.0], [math.log(3)] * 3])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    advantage, reward = reinforce_advantages(ratings, mask, 0.5, normalize=False)
+    assert torch.allclose(advantage, torch.tensor([[-0.125, -0.125, 0.0], [0.125, 0.125, 0.0]]))
+    assert float(reward) == pytest.approx((0.5 * 2 + 0.75 * 3) / 5)

@@ -15,7 +15,7 @@ from test_text import EVAL_TEXTS, bad, check_evals, write_text_run
 
 from trainer.cli import main
 from trainer.errors import DataError
-from trainer.tasks.text import read_dataset
+from trainer.tasks.text_data import read_dataset
 
 
 def rows(path):

@@ -8,6 +8,7 @@ accumulation, optimizers, checkpoints and every collective; a task never calls o
 from __future__ import annotations
 
 import array
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -264,3 +265,10 @@ class TensorRows(torch.utils.data.Dataset):
         # Through an int64 buffer: torch.as_tensor walks a Python list 5x slower.
         index = torch.frombuffer(array.array("q", indices), dtype=torch.int64)
         return {name: col.index_select(0, index) for name, col in self.columns.items()}
+
+
+def cache_root(configured: str) -> Path:
+    """Where generated and tokenized datasets are cached (``data.cache_dir``, else the user's cache)."""
+    if configured:
+        return Path(configured)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "trainer"

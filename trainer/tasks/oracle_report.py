@@ -16,7 +16,7 @@ from trainer.errors import ConfigError
 from trainer.frontier import Curve, Point, Verdict, curve_table, judge, plot, summary_line, verdict_line
 from trainer.stages import MLE_BASELINE
 from trainer.tasks import load_task
-from trainer.tasks.oracle_text import pearson
+from trainer.tasks.sequence_metrics import pearson
 
 if TYPE_CHECKING:
     from trainer.stages import StageResult

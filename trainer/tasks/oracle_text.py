@@ -19,7 +19,6 @@ token, V, the start token (also the padding id; never generated).
 from __future__ import annotations
 
 import functools
-import math
 import os
 import shutil
 from dataclasses import dataclass
@@ -32,15 +31,11 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from trainer.config.schema import require
 from trainer.errors import ConfigError
-from trainer.tasks.base import TensorRows
+from trainer.tasks.base import TensorRows, cache_root
 from trainer.tasks.oracle import OracleLSTM
-from trainer.tasks.sequence_gan import (
-    SequenceGanOptions,
-    SequenceGanTask,
-    cache_root,
-    discriminator_accuracy,
-    distinct_bigrams,
-)
+from trainer.tasks.sequence_gan import SequenceGanTask
+from trainer.tasks.sequence_metrics import discriminator_accuracy, distinct_bigrams, pearson
+from trainer.tasks.sequence_objectives import SequenceGanOptions
 from trainer.tasks.transformers_models import build_config
 
 #: sequences are sampled from the oracle in chunks of this size, so a dataset does not depend
@@ -70,14 +65,6 @@ class OracleTextOptions(SequenceGanOptions):
         require(self.vocab_size >= 2, source, "task_options.vocab_size", "must be at least 2")
         require(self.seq_len >= 1, source, "task_options.seq_len", "must be at least 1")
         require(self.eval_temperature > 0, source, "task_options.eval_temperature", "must be positive")
-
-
-def pearson(x: torch.Tensor, y: torch.Tensor) -> float:
-    """Pearson's correlation of two equally long vectors; NaN where either is constant (a
-    rating that never changes says nothing about quality)."""
-    x, y = x.double() - x.double().mean(), y.double() - y.double().mean()
-    spread = float((x.square().sum() * y.square().sum()).sqrt())
-    return float((x * y).sum()) / spread if spread > 0 else math.nan
 
 
 def oracle_sequences(oracle: OracleLSTM, options: OracleTextOptions, train_size: int, eval_size: int, cache: Path):

@@ -10,10 +10,8 @@ sequences of one fixed length, and every mean is a plain mean.
 from __future__ import annotations
 
 import functools
-import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from accelerate.utils import extract_model_from_parallel
@@ -30,122 +28,18 @@ from transformers import (
 
 from trainer import losses
 from trainer.adapters import AdapterOff
-from trainer.config.schema import require
 from trainer.errors import ConfigError
 from trainer.logs import without_log_records
 from trainer.tasks.base import Penalties, Task
 from trainer.tasks.sampling import InverseCdfSampling
+from trainer.tasks.sequence_objectives import (
+    kl_estimate,
+    likelihood_ratio_objective,
+    masked_mean,
+    pad_right,
+    reinforce_advantages,
+)
 from trainer.tasks.transformers_models import from_pretrained, load_pretrained
-
-
-@dataclass
-class SequenceGanOptions:
-    #: stage 2's generator objective: "reinforce", the policy gradient on the discriminator's
-    #: ratings (SeqGAN, Yu et al. 2017); two whose discriminator is the generator's own
-    #: log-likelihood ratio to the reference generator, ``beta * (log p(x) - log p_ref(x))``,
-    #: telling real sequences from the reference's samples, so that no discriminator network is
-    #: trained (training.d_steps_per_g_step: 0): "ddo", Direct Discriminative Optimization
-    #: (Zheng et al., ICML 2025), the GAN classification loss on each side; "spin", Self-Play
-    #: Fine-Tuning (Chen et al., ICML 2024), the logistic loss on each pair (real, sample)
-    generator_objective: Literal["reinforce", "ddo", "spin"] = "reinforce"
-    #: ddo, spin: the implicit discriminator's scale (of a whole sequence's log-likelihood ratio)
-    beta: float = 0.05
-    #: ddo: weight of the reference's samples (the "generated" side) in the classification loss
-    ddo_alpha: float = 1.0
-    #: ddo, spin: every this many generator steps the reference becomes the generator (a new
-    #: round of the papers' self-play); 0: the reference stays the starting generator
-    round_steps: int = 0
-    #: stage 2: weight of a maximum-likelihood term on real data beside the policy gradient
-    mle_weight: float = 0.0
-    #: stage 2: weight of the KL divergence from the reference generator (init.generator, the
-    #: stage-1 one, frozen), estimated on the sampled tokens (0: off)
-    kl_coef: float = 0.0
-    #: "prefix": the discriminator rates every prefix of a sequence (its classifier head on each
-    #: position of its causal body), learns from every position, and each generated token is
-    #: credited with the ratings of the prefixes it starts (see prefix_returns); "sequence": whole
-    #: sequences only (one rating, the same for all of a sequence's tokens)
-    reward: Literal["prefix", "sequence"] = "prefix"
-    #: prefix rewards: weight of the rating of the prefix k tokens later in a token's return
-    discount: float = 0.9
-    #: stage 2: divide the advantages by their standard deviation, so the policy gradient keeps
-    #: its scale as the discriminator's ratings spread or bunch up
-    normalize_advantage: bool = True
-    #: sampling: keep the k likeliest tokens (0: all) and the smallest set of probability top_p
-    top_k: int = 0
-    top_p: float = 1.0
-    #: generated sequences written to OUTPUT/samples/step-N.txt at each eval
-    write_samples: int = 10
-
-    def check(self, source: str) -> None:
-        require(
-            self.beta > 0 and self.ddo_alpha >= 0 and self.round_steps >= 0,
-            source,
-            "task_options.beta'/'ddo_alpha'/'round_steps",
-            "beta must be positive, ddo_alpha and round_steps not negative",
-        )
-        for name in ("mle_weight", "kl_coef", "top_k", "write_samples"):
-            require(getattr(self, name) >= 0, source, f"task_options.{name}", "must be 0 or more")
-        require(0 <= self.discount <= 1, source, "task_options.discount", "must be in [0, 1]")
-        require(0 < self.top_p <= 1, source, "task_options.top_p", "must be in (0, 1]")
-
-
-def cache_root(configured: str) -> Path:
-    """Where generated and tokenized datasets are cached (``data.cache_dir``, else the user's cache)."""
-    if configured:
-        return Path(configured)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "trainer"
-
-
-def discriminator_accuracy(outputs: dict[str, torch.Tensor]) -> float:
-    """The eval's ``d_accuracy``: real rated above 0, generated at or below, over both."""
-    correct = (outputs["d_real"] > 0).sum() + (outputs["d_fake"] <= 0).sum()
-    return float(correct) / (2 * len(outputs["d_real"]))
-
-
-def distinct_bigrams(rows: list[list[int]]) -> float:
-    """The eval's ``distinct2``: distinct bigrams over all bigrams of the generated rows (padding,
-    negative, dropped); low when samples repeat themselves or one another."""
-    bigrams: list[tuple[int, int]] = []
-    for row in rows:
-        tokens = [t for t in row if t >= 0]
-        bigrams.extend(zip(tokens, tokens[1:], strict=False))
-    return len(set(bigrams)) / len(bigrams) if bigrams else 0.0
-
-
-def masked_mean(values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """The mean of ``values`` where ``mask`` is set (all of them when it is None)."""
-    if mask is None:
-        return values.mean()
-    return (values * mask).sum() / mask.sum().clamp(min=1)
-
-
-def pad_right(sequences: list[torch.Tensor], value: int) -> list[torch.Tensor]:
-    """Token tensors [batch, length_i] padded on the right to the longest length."""
-    longest = max(s.shape[1] for s in sequences)
-    return [
-        torch.nn.functional.pad(s, (0, longest - s.shape[1]), value=value) if s.shape[1] < longest else s
-        for s in sequences
-    ]
-
-
-def prefix_returns(ratings: torch.Tensor, mask: torch.Tensor | None, discount: float) -> torch.Tensor:
-    """Each token's return [batch, length] from the ratings of the prefixes it starts:
-    ``sum_k discount^k * ratings_{t+k}``. For sequences that end (a ``mask``; ratings 0 past
-    the end) the sum is divided by the same sum of the weights of the positions that exist, a
-    discounted mean: ratings are positive, so an undivided sum grows with every token still to
-    come, ending a text would cost reward, and generated texts would grow to the token limit."""
-
-    def discounted_sums(values: torch.Tensor) -> torch.Tensor:
-        sums = torch.empty_like(values)
-        running = torch.zeros_like(values[:, 0])
-        for t in range(values.shape[1] - 1, -1, -1):  # from the end: one multiply-add a step
-            running = values[:, t] + discount * running
-            sums[:, t] = running
-        return sums
-
-    if mask is None:
-        return discounted_sums(ratings)
-    return discounted_sums(ratings) / discounted_sums(mask).clamp(min=1e-6) * mask
 
 
 class SequenceGanTask(Task):
@@ -329,28 +223,10 @@ class SequenceGanTask(Task):
 
     def _advantages(self, fake: torch.Tensor, discriminator: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token advantages [batch, length] of generated sequences (0 on padding), and
-        their mean reward."""
-        mask = self.generated_mask(fake)
-        if self.options.reward == "sequence":
-            reward = torch.sigmoid(self.score(discriminator, fake)).unsqueeze(1)  # [batch, 1]
-            returns = reward.expand_as(fake) if mask is not None else reward
-        else:
-            reward = torch.sigmoid(self.prefix_scores(discriminator, fake))  # [batch, length]
-            if mask is not None:
-                reward = reward * mask
-            returns = prefix_returns(reward, mask, self.options.discount)
-        if mask is None:
-            advantage = returns - returns.mean(0, keepdim=True)  # baseline: the batch mean per position
-            if self.options.normalize_advantage and fake.shape[0] > 1:
-                advantage = advantage / (advantage.std() + 1e-6)
-            return advantage, reward.mean()
-        # Baseline: the mean over the sequences that reach the position.
-        baseline = (returns * mask).sum(0, keepdim=True) / mask.sum(0, keepdim=True).clamp(min=1)
-        advantage = (returns - baseline) * mask
-        if self.options.normalize_advantage and mask.sum() > 1:
-            advantage = advantage / (advantage[mask.bool()].std() + 1e-6)
-        mean_reward = masked_mean(reward, mask) if self.options.reward == "prefix" else reward.mean()
-        return advantage, mean_reward
+        their mean reward (:func:`reinforce_advantages`)."""
+        o = self.options
+        ratings = self.score(discriminator, fake) if o.reward == "sequence" else self.prefix_scores(discriminator, fake)
+        return reinforce_advantages(ratings, self.generated_mask(fake), o.discount, o.normalize_advantage)
 
     # -- the reference model of the KL penalty ---------------------------------------------------
     @functools.cached_property
@@ -391,12 +267,10 @@ class SequenceGanTask(Task):
             self.reference.load_state_dict(generator.state_dict())
 
     def kl_to_reference(self, sequences: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
-        """Per-token KL estimate from the reference model on the sampled tokens (the k3
-        estimator: exp(r) - r - 1 with r = log p_ref - log p, non-negative and unbiased)."""
+        """Per-token KL estimate (:func:`kl_estimate`) from the reference on the sampled tokens."""
         with torch.no_grad():
             ref_log_p = self.token_log_probs(self.reference, sequences)
-        ratio = ref_log_p - log_p
-        return ratio.exp() - ratio - 1
+        return kl_estimate(log_p, ref_log_p)
 
     # -- losses ----------------------------------------------------------------------------------
     def mle_loss(self, generator: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -408,11 +282,8 @@ class SequenceGanTask(Task):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The loss of ``ddo`` or ``spin`` on a batch of real sequences and ``num`` samples of
         the reference, with the implicit discriminator ``d(x) = beta * (log p(x) - log
-        p_ref(x))`` over a sequence's chosen tokens; plus ``mle_weight`` x NLL of the real ones.
-
-        ``ddo`` (Zheng et al., ICML 2025): ``-log sigmoid(d(real)) - alpha * log(1 -
-        sigmoid(d(fake)))``, the GAN classification loss. ``spin`` (Chen et al., ICML 2024):
-        ``-log sigmoid(d(real_i) - d(fake_i))`` over pairs. At the start (the generator is the
+        p_ref(x))`` over a sequence's chosen tokens (:func:`likelihood_ratio_objective`); plus
+        ``mle_weight`` x NLL of the real ones. At the start (the generator is the
         reference) the gradient of either is beta/2 x maximum likelihood's: the samples' expected
         score is zero; the samples act as the generator moves away from the reference."""
         o = self.options
@@ -428,12 +299,7 @@ class SequenceGanTask(Task):
         mask = self.generated_mask(sequences)
         log_ratio = (log_p - ref_log_p) if mask is None else (log_p - ref_log_p) * mask
         ratio_real, ratio_fake = log_ratio.sum(1).split([real.shape[0], num])
-        if o.generator_objective == "ddo":
-            loss = nn.functional.softplus(-o.beta * ratio_real).mean()
-            loss = loss + o.ddo_alpha * nn.functional.softplus(o.beta * ratio_fake).mean()
-        else:
-            pairs = min(real.shape[0], num)
-            loss = nn.functional.softplus(-o.beta * (ratio_real[:pairs] - ratio_fake[:pairs])).mean()
+        loss = likelihood_ratio_objective(o.generator_objective, o.beta, o.ddo_alpha, ratio_real, ratio_fake)
         parts = {"log_ratio_real": ratio_real.detach().mean(), "log_ratio_fake": ratio_fake.detach().mean()}
         if o.mle_weight > 0:
             nll = -masked_mean(log_p[: real.shape[0]], self.valid_mask(sequences[: real.shape[0]]))
