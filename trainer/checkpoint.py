@@ -1,6 +1,7 @@
-"""Training checkpoints (written, found, loaded, pruned), the output directory's claim, and the
-best/ and final/ exports. A checkpoint directory appears under its final name only once every
-rank has written it. Initial weights are read by :mod:`trainer.weights`."""
+"""Training checkpoints (written, found, loaded, pruned) and the output directory's claim. A
+checkpoint directory appears under its final name only once every rank has written it. Initial
+weights are read by :mod:`trainer.weights`, the best/ and final/ exports written by
+:mod:`trainer.exports`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,11 +21,10 @@ from accelerate.logging import get_logger
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
-from trainer import adapters, collectives
+from trainer import collectives
 from trainer.config import Config
 from trainer.errors import CheckpointError
 from trainer.logs import without_log_records
-from trainer.weights import WEIGHTS_NAME
 
 CHECKPOINT_PATTERN = re.compile(r"^step-(\d{7,})$")
 STATE_NAME = "trainer_state.json"
@@ -310,48 +310,3 @@ def load_checkpoint(
         raise
     except Exception as exc:
         raise CheckpointError(f"{path}: cannot resume from this checkpoint: {exc}") from None
-
-
-def export_model(
-    accelerator: Accelerator,
-    model: nn.Module,
-    directory: Path,
-    extras: Callable[[Path], None] | None = None,
-    merge_adapter: bool = True,
-) -> None:
-    """Write ``model``'s weights (safetensors) to ``directory``, replacing it as a whole;
-    ``extras`` writes more files into it first (on the main process).
-
-    A transformers model is written with ``save_pretrained`` so ``from_pretrained`` loads it;
-    one with an adapter as :func:`trainer.adapters.adapted_exports` says (``merge_adapter``).
-    Called on every rank: gathering a sharded state dict is a collective.
-    """
-    state = accelerator.get_state_dict(model)
-    if not accelerator.is_main_process:
-        return
-    bare = accelerator.unwrap_model(model)
-
-    def weights(path: Path) -> None:
-        if hasattr(bare, "save_pretrained"):
-            bare.save_pretrained(path, state_dict=state)
-        else:
-            path.mkdir(parents=True)
-            save_file({k: v.contiguous() for k, v in state.items()}, str(path / WEIGHTS_NAME))
-
-    writers = adapters.adapted_exports(bare, directory, merge_adapter) if adapters.is_adapted(bare) else {}
-    for target, write in (writers or {directory: weights}).items():
-        publish(target, write, extras)
-
-
-def publish(directory: Path, write: Callable[[Path], None], extras: Callable[[Path], None] | None) -> None:
-    """``write`` (then ``extras``) into a partial directory, then renamed to ``directory`` whole."""
-    partial = directory.with_name(f".partial-{directory.name}")
-    shutil.rmtree(partial, ignore_errors=True)
-    write(partial)
-    if extras is not None:
-        extras(partial)
-    if directory.exists():
-        shutil.rmtree(directory)
-    fsync_tree(partial)
-    partial.rename(directory)
-    fsync_path(directory.parent)

@@ -20,18 +20,17 @@ import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import DistributedType, set_seed
-from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from trainer import adapters, checkpoint, collectives, peers, run_parts, world
 from trainer.checkpoint import Checkpoints, TrainState
 from trainer.config import RunConfig
 from trainer.ema import GeneratorEma
-from trainer.errors import DataError, NonFiniteError
+from trainer.errors import NonFiniteError
 from trainer.logs import ensure_logging
-from trainer.metrics import MetricsLog, flat_hparams, resolve_trackers, tracker_settings
+from trainer.metrics import MetricsLog, finish_trackers, resolve_trackers, start_trackers
 from trainer.outputs import RunOutputs
-from trainer.phases import BatchStream, Phase, after_generator_step, discriminator_loss, frozen, generator_loss
+from trainer.phases import BatchStream, Phase, build_phases, frozen
 from trainer.stop_signals import StopSignals
 from trainer.tasks import Task, load_task
 from trainer.watchdog import HEARTBEAT, Watchdog, watched
@@ -138,10 +137,8 @@ class Trainer:
         # Entered by start(); the rank is known only now.
         self.watchdog = Watchdog(self.config.distributed.watchdog_s, self.output_dir, self.accelerator.process_index)
         if self.accelerator.num_processes > 1:
-            d = self.config.distributed
-            peers.start_watch(
-                self.accelerator.process_index, self.accelerator.num_processes, d.stop_grace_s, d.timeout_s
-            )
+            d, acc = self.config.distributed, self.accelerator
+            peers.start_watch(acc.process_index, acc.num_processes, d.stop_grace_s, d.timeout_s)
 
     def _setup(self, training: bool) -> None:
         """Models, data, optimizers and state on every rank; with ``training`` off (eval only)
@@ -162,35 +159,12 @@ class Trainer:
         run_parts.set_modes(generator, discriminator, t, cfg.model.disable_dropout)
         # the average starts as a copy of the generator before accelerate wraps it
         self.ema = GeneratorEma(generator, t.ema_decay, t.ema_start, t.ema_warmup, acc.device) if t.ema_decay else None
-        opt_g, sched_g = run_parts.optimization(cfg.optim.generator, generator, t.max_steps)
-        train_loader, eval_loader = run_parts.loaders(task, cfg, train_set, eval_set)
-        generator, opt_g, sched_g, train_loader, eval_loader = acc.prepare(
-            generator, opt_g, sched_g, train_loader, eval_loader
+        generator, discriminator, train_loader, eval_loader = run_parts.prepare(
+            acc, cfg, task, generator, discriminator, train_set, eval_set
         )
-        if t.d_steps_per_g_step:
-            d_steps = t.max_steps * t.d_steps_per_g_step
-            opt_d, sched_d = run_parts.optimization(cfg.optim.discriminator, discriminator, d_steps)
-            discriminator, opt_d, sched_d = acc.prepare(discriminator, opt_d, sched_d)
-        else:  # a fixed reward model: on the device (and under autocast), no DDP, no optimizer
-            discriminator = acc.prepare_model(discriminator.requires_grad_(False), evaluation_mode=True)
-            opt_d = sched_d = None
-        if len(train_loader) == 0:
-            raise DataError(
-                f"{cfg.data.path or 'data.train_size'}: {len(train_set)} training samples are fewer than "
-                f"one batch per process ({t.batch_size} x {acc.num_processes} processes)"
-            )
         self.noise = torch.Generator(device=acc.device)
-        self.noise.manual_seed(noise_seed(t.seed, acc.process_index))
-        # The two phases: what each model computes on a micro-batch, and what it holds still.
-        bare_d, bare_g = acc.unwrap_model(discriminator), acc.unwrap_model(generator)
-        d_loss = functools.partial(discriminator_loss, task, t, acc, self.noise)
-        g_loss = functools.partial(generator_loss, task, t, self.noise)
-        optim = cfg.optim
-        self.d = Phase("d", "discriminator", discriminator, bare_d, opt_d, sched_d, optim.discriminator.max_grad_norm,
-                       d_loss, needs_data=True, opponent=bare_g)  # fmt: skip
-        self.g = Phase("g", "generator", generator, bare_g, opt_g, sched_g, optim.generator.max_grad_norm,
-                       g_loss, task.generator_needs_data, opponent=bare_d, frozen=list(self.d.params),
-                       after_step=functools.partial(after_generator_step, task, acc, self.ema))  # fmt: skip
+        self.noise.manual_seed(run_parts.noise_seed(t.seed, acc.process_index))
+        self.d, self.g = build_phases(task, cfg, acc, self.noise, self.ema, generator, discriminator)
         plain = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
         self.direct_step = acc.scaler is None and acc.distributed_type in plain
         self.state = TrainState(run_id=run_id)
@@ -205,7 +179,7 @@ class Trainer:
             checkpoint.run_shape(cfg, acc.num_processes),
             {**({"ema": self.ema.averaged} if self.ema else {}), **task.checkpoint_modules()},
         )
-        resumed_from = self._resume() if self.resume else None
+        resumed_from = run_parts.resume(acc, self.checkpoints, self.resume, self.output_dir) if self.resume else None
         metrics = MetricsLog(acc, self.output_dir, resumed_from) if training else None
         phases = (self.d, self.g)
         self.outputs = RunOutputs(
@@ -213,49 +187,26 @@ class Trainer:
         )
         if not training:
             return
-        if self.trackers:
-            project, init_kwargs = tracker_settings(cfg, self.trackers)
-            acc.init_trackers(project, config=flat_hparams(cfg), init_kwargs=init_kwargs)
+        start_trackers(acc, cfg, self.trackers)
         collectives.barrier(acc, "after start-up")
-
-    def _resume(self) -> int | None:
-        """Load the checkpoint ``resume`` names, if there is one; the step it was taken at.
-        Which checkpoint (or none) changes what every rank does next: rank 0's choice is taken
-        by all, and a rank that cannot read it fails them all."""
-        acc = self.accelerator
-        path = collectives.agreed(
-            acc, "finding the checkpoint", lambda: checkpoint.resolve_resume(self.resume, self.output_dir)
-        )
-        path = collectives.from_main_process(acc, path, "the checkpoint to resume from")
-        if path is None:
-            logger.info(f"--resume {self.resume}: no checkpoint in {self.output_dir}; starting fresh")
-            return None
-        collectives.agreed(acc, "loading the checkpoint", lambda: self.checkpoints.load(path))
-        logger.info(f"resumed from {path} at step {self.state.step}")
-        return self.state.step
 
     # -- one optimizer step ------------------------------------------------------------------
     def run_phase(self, phase: Phase) -> None:
         """One optimizer step of ``phase``: its micro-batches under accelerate's accumulate()
         (DDP syncs on the last), then its optimizer steps; ``phase.frozen`` held still."""
+        accumulation = self.config.training.gradient_accumulation_steps
         with frozen(phase.frozen):
-            for _ in range(self.config.training.gradient_accumulation_steps):
+            for _ in range(accumulation):
                 HEARTBEAT.beat(f"{phase.role} phase", self.state.step)
                 batch = self.stream.next() if phase.needs_data else None
-                with self._micro_batch(phase):
+                # accelerate's accumulate(); one micro-batch always syncs (skipping it saves ~1%)
+                with self.accelerator.accumulate(phase.model) if accumulation > 1 else contextlib.nullcontext():
                     loss, parts = phase.loss(batch)
                     collectives.backward(self.accelerator, loss, phase.role)
                 phase.record(loss, parts)
         self._finish_phase(phase)
         if phase.after_step is not None:
             phase.after_step(phase)
-
-    def _micro_batch(self, phase: Phase) -> contextlib.AbstractContextManager[None]:
-        """accelerate's accumulate(); a phase of one micro-batch always syncs, and skipping the
-        context saves ~1% of a small model's step."""
-        if self.config.training.gradient_accumulation_steps == 1:
-            return contextlib.nullcontext()
-        return self.accelerator.accumulate(phase.model)
 
     def _finish_phase(self, phase: Phase) -> None:
         """The phase's optimizer step (see :meth:`Phase.step_optimizer`), then the skip check.
@@ -320,16 +271,7 @@ class Trainer:
 
     def _train(self) -> dict[str, Any]:
         acc, t = self.accelerator, self.config.training
-        # disable=None: a bar on a terminal or in a notebook, none in a log file or pipe, where
-        # the train lines of training.log_every show progress instead of carriage returns.
-        bar = tqdm(
-            total=t.max_steps,
-            initial=self.state.step,
-            disable=None if acc.is_main_process else True,
-            desc=PROGRESS_NAMES[t.objective],
-            dynamic_ncols=True,
-        )
-        self.outputs.progress_lines = bar.disable
+        bar = self.outputs.progress_bar(PROGRESS_NAMES[t.objective])
         last_eval: dict[str, Any] = {}
         with logging_redirect_tqdm() if not bar.disable else contextlib.nullcontext():
             if self.state.step >= t.max_steps:
@@ -344,9 +286,7 @@ class Trainer:
         if not self.stopped:
             self.outputs.export("final")
         collectives.barrier(acc, "at the end")
-        if acc.is_main_process and acc.trackers:
-            for tracker in acc.trackers:
-                tracker.finish()
+        finish_trackers(acc)
         return last_eval
 
     @watched
@@ -404,8 +344,3 @@ class Trainer:
             return metrics
         finally:
             world.release_accelerator()
-
-
-def noise_seed(seed: int, rank: int) -> int:
-    """Each rank draws its own noise, reproducibly."""
-    return seed * 1_000_003 + 7919 * (rank + 1)

@@ -88,3 +88,18 @@ class MetricsLog:
             handle.write(json.dumps(record) + "\n")
         scalars = {f"{split}/{k}": v for k, v in values.items() if isinstance(v, (int, float))}
         self.accelerator.log(scalars, step=step)
+
+
+def start_trackers(accelerator: Accelerator, cfg: Config, trackers: list[str]) -> None:
+    """Start the run's trackers (accelerate's init_trackers: the main process's), with the config
+    as hyper-parameters."""
+    if trackers:
+        project, init_kwargs = tracker_settings(cfg, trackers)
+        accelerator.init_trackers(project, config=flat_hparams(cfg), init_kwargs=init_kwargs)
+
+
+def finish_trackers(accelerator: Accelerator) -> None:
+    """Flush and close the trackers (the main process's)."""
+    if accelerator.is_main_process:
+        for tracker in accelerator.trackers:
+            tracker.finish()

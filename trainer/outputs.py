@@ -15,8 +15,9 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
+from tqdm.auto import tqdm
 
-from trainer import checkpoint, collectives, world
+from trainer import collectives, exports, world
 from trainer.checkpoint import Checkpoints, TrainState
 from trainer.config import Config
 from trainer.ema import GeneratorEma
@@ -58,6 +59,16 @@ class RunOutputs:
         #: no progress bar: one log line per train record instead
         self.progress_lines = True
         self.start_window()
+
+    def progress_bar(self, name: str) -> tqdm:
+        """The run's progress bar (main process) from the current step; on a terminal or in a
+        notebook only (disable=None): in a log file or a pipe the train records' lines show
+        progress instead of carriage returns."""
+        acc, t = self.accelerator, self.config.training
+        bar = tqdm(total=t.max_steps, initial=self.state.step, desc=name, dynamic_ncols=True,
+                   disable=None if acc.is_main_process else True)  # fmt: skip
+        self.progress_lines = bar.disable
+        return bar
 
     def start_window(self) -> None:
         """The next train record's steps/s counts from now and this step."""
@@ -159,7 +170,7 @@ class RunOutputs:
         with HEARTBEAT.long_work(f"writing {name}/ (main process)"):
             for directory, model in models.items():
                 extras = functools.partial(self.task.save_with, directory.removesuffix("_raw"))
-                checkpoint.export_model(
+                exports.export_model(
                     self.accelerator,
                     model,
                     self.output_dir / name / directory,

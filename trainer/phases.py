@@ -5,6 +5,7 @@ step), the resumable stream of micro-batches, and the optimizers."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from accelerate import Accelerator
 from torch import nn
 
 from trainer import collectives
-from trainer.config import OptimizerSection, TrainingSection
+from trainer.config import Config, OptimizerSection, TrainingSection
 from trainer.ema import GeneratorEma
 from trainer.tasks.base import Penalties, Task
 
@@ -38,6 +39,15 @@ def build_optimizer(section: OptimizerSection, model: nn.Module) -> torch.optim.
     elif section.name == "rmsprop":
         kwargs.update(eps=section.eps)
     return OPTIMIZERS[section.name](model.parameters(), **kwargs)
+
+
+@dataclass
+class Trainable:
+    """A model as accelerate prepared it, with its optimizer and schedule (None: a frozen model)."""
+
+    model: nn.Module
+    optimizer: Any = None
+    scheduler: Any = None
 
 
 @dataclass
@@ -188,6 +198,29 @@ def after_generator_step(task: Task, accelerator: Accelerator, ema: GeneratorEma
     if ema is not None:
         ema.update(phase.bare, phase.steps)
     task.after_generator_step(phase.bare, phase.steps)
+
+
+def build_phases(
+    task: Task,
+    cfg: Config,
+    accelerator: Accelerator,
+    noise: torch.Generator,
+    ema: GeneratorEma | None,
+    generator: Trainable,
+    discriminator: Trainable,
+) -> tuple[Phase, Phase]:
+    """The phase table: the discriminator's phase and the generator's, each with what it computes
+    on a micro-batch against its opponent (the other's bare model) and what it holds still."""
+    acc, t, optim = accelerator, cfg.training, cfg.optim
+    bare_d, bare_g = acc.unwrap_model(discriminator.model), acc.unwrap_model(generator.model)
+    d_loss = functools.partial(discriminator_loss, task, t, acc, noise)
+    g_loss = functools.partial(generator_loss, task, t, noise)
+    d = Phase("d", "discriminator", discriminator.model, bare_d, discriminator.optimizer, discriminator.scheduler,
+              optim.discriminator.max_grad_norm, d_loss, needs_data=True, opponent=bare_g)  # fmt: skip
+    g = Phase("g", "generator", generator.model, bare_g, generator.optimizer, generator.scheduler,
+              optim.generator.max_grad_norm, g_loss, task.generator_needs_data, opponent=bare_d,
+              frozen=list(d.params), after_step=functools.partial(after_generator_step, task, acc, ema))  # fmt: skip
+    return d, g
 
 
 class BatchStream:

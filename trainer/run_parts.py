@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import yaml
 from accelerate import Accelerator
+from accelerate.logging import get_logger
 from torch import nn
 from transformers import get_scheduler
 
@@ -21,9 +22,11 @@ from trainer import adapters, checkpoint, collectives, weights
 from trainer.config import Config, InitSection, OptimizerSection, RunConfig, TrainingSection
 from trainer.config.model_configs import is_model_source
 from trainer.config.schema import to_mapping
-from trainer.errors import CheckpointError
-from trainer.phases import build_optimizer
+from trainer.errors import CheckpointError, DataError
+from trainer.phases import Trainable, build_optimizer
 from trainer.tasks import Task
+
+logger = get_logger("trainer")
 
 
 def claim_run(accelerator: Accelerator, run: RunConfig, fresh: bool, overwrite: bool) -> str:
@@ -168,6 +171,38 @@ def loaders(task: Task, cfg: Config, train_set: Any, eval_set: Any) -> tuple[Any
     return train, evaluation
 
 
+def prepare(
+    accelerator: Accelerator, cfg: Config, task: Task, generator: nn.Module, discriminator: nn.Module,
+    train_set: Any, eval_set: Any,
+) -> tuple[Trainable, Trainable, Any, Any]:  # fmt: skip
+    """The models with their optimizers and schedules, and the train and eval loaders, prepared by
+    accelerate. The discriminator's schedule runs over its own optimizer steps; with
+    ``training.d_steps_per_g_step`` 0 it is a fixed reward model: on the device (and under
+    autocast), without DDP or an optimizer. A DataError when the training set holds fewer
+    samples than one batch per process."""
+    acc, t = accelerator, cfg.training
+    opt_g, sched_g = optimization(cfg.optim.generator, generator, t.max_steps)
+    train_loader, eval_loader = loaders(task, cfg, train_set, eval_set)
+    prepared = acc.prepare(generator, opt_g, sched_g, train_loader, eval_loader)
+    trained_g, train_loader, eval_loader = Trainable(*prepared[:3]), prepared[3], prepared[4]
+    if t.d_steps_per_g_step:
+        opt_d, sched_d = optimization(cfg.optim.discriminator, discriminator, t.max_steps * t.d_steps_per_g_step)
+        trained_d = Trainable(*acc.prepare(discriminator, opt_d, sched_d))
+    else:
+        trained_d = Trainable(acc.prepare_model(discriminator.requires_grad_(False), evaluation_mode=True))
+    if len(train_loader) == 0:
+        raise DataError(
+            f"{cfg.data.path or 'data.train_size'}: {len(train_set)} training samples are fewer than "
+            f"one batch per process ({t.batch_size} x {acc.num_processes} processes)"
+        )
+    return trained_g, trained_d, train_loader, eval_loader
+
+
+def noise_seed(seed: int, rank: int) -> int:
+    """Each rank draws its own noise, reproducibly."""
+    return seed * 1_000_003 + 7919 * (rank + 1)
+
+
 def optimization(section: OptimizerSection, model: nn.Module, steps: int) -> tuple[torch.optim.Optimizer, Any]:
     """The optimizer of one model and its learning-rate schedule over ``steps`` optimizer steps."""
     optimizer = build_optimizer(section, model)
@@ -175,6 +210,22 @@ def optimization(section: OptimizerSection, model: nn.Module, steps: int) -> tup
         section.scheduler, optimizer, num_warmup_steps=section.warmup_steps, num_training_steps=steps
     )
     return optimizer, scheduler
+
+
+def resume(accelerator: Accelerator, checkpoints: checkpoint.Checkpoints, resume: str, output_dir: Path) -> int | None:
+    """Load the checkpoint ``resume`` names, if there is one; the step it was taken at. Which
+    checkpoint (or none) changes what every rank does next: rank 0's choice is taken by all, and
+    a rank that cannot read it fails them all."""
+    acc = accelerator
+    path = collectives.agreed(acc, "finding the checkpoint", lambda: checkpoint.resolve_resume(resume, output_dir))
+    path = collectives.from_main_process(acc, path, "the checkpoint to resume from")
+    if path is None:
+        logger.info(f"--resume {resume}: no checkpoint in {output_dir}; starting fresh")
+        return None
+    collectives.agreed(acc, "loading the checkpoint", lambda: checkpoints.load(path))
+    step = checkpoints.parts["run"].step
+    logger.info(f"resumed from {path} at step {step}")
+    return step
 
 
 def weights_kind(path: Path) -> str:

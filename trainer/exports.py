@@ -1,0 +1,61 @@
+"""The models a run publishes (``best/``, ``final/``): each written whole under a temporary name,
+then renamed, so a directory with its final name is always complete."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from accelerate import Accelerator
+from safetensors.torch import save_file
+from torch import nn
+
+from trainer import adapters
+from trainer.checkpoint import fsync_path, fsync_tree
+from trainer.weights import WEIGHTS_NAME
+
+
+def export_model(
+    accelerator: Accelerator,
+    model: nn.Module,
+    directory: Path,
+    extras: Callable[[Path], None] | None = None,
+    merge_adapter: bool = True,
+) -> None:
+    """Write ``model``'s weights (safetensors) to ``directory``, replacing it as a whole;
+    ``extras`` writes more files into it first (on the main process).
+
+    A transformers model is written with ``save_pretrained`` so ``from_pretrained`` loads it;
+    one with an adapter as :func:`trainer.adapters.adapted_exports` says (``merge_adapter``).
+    Called on every rank: gathering a sharded state dict is a collective.
+    """
+    state = accelerator.get_state_dict(model)
+    if not accelerator.is_main_process:
+        return
+    bare = accelerator.unwrap_model(model)
+
+    def weights(path: Path) -> None:
+        if hasattr(bare, "save_pretrained"):
+            bare.save_pretrained(path, state_dict=state)
+        else:
+            path.mkdir(parents=True)
+            save_file({k: v.contiguous() for k, v in state.items()}, str(path / WEIGHTS_NAME))
+
+    writers = adapters.adapted_exports(bare, directory, merge_adapter) if adapters.is_adapted(bare) else {}
+    for target, write in (writers or {directory: weights}).items():
+        publish(target, write, extras)
+
+
+def publish(directory: Path, write: Callable[[Path], None], extras: Callable[[Path], None] | None) -> None:
+    """``write`` (then ``extras``) into a partial directory, then renamed to ``directory`` whole."""
+    partial = directory.with_name(f".partial-{directory.name}")
+    shutil.rmtree(partial, ignore_errors=True)
+    write(partial)
+    if extras is not None:
+        extras(partial)
+    if directory.exists():
+        shutil.rmtree(directory)
+    fsync_tree(partial)
+    partial.rename(directory)
+    fsync_path(directory.parent)
