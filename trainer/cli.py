@@ -75,7 +75,8 @@ def run_stage(args: argparse.Namespace, stage: int) -> int:
         suffix = debug_arguments(args) if args.debug else ""
         # Imported here so that --help and config errors stay fast and touch no device.
         from trainer.config import load_config
-        from trainer.stages import fit_run, fit_stage1
+        from trainer.loop import Trainer
+        from trainer.stages import fit_stage1
 
         flags = {
             "config": args.config,
@@ -89,7 +90,8 @@ def run_stage(args: argparse.Namespace, stage: int) -> int:
             result = fit_stage1(**flags, device=args.device, resume=args.resume, overwrite=args.overwrite)
             metrics, stopped = result.metrics, result.stopped
         else:
-            metrics, stopped = fit_run(load_config(**flags), args.device, args.resume, args.overwrite)
+            trainer = Trainer(load_config(**flags), args.device, args.resume, args.overwrite)
+            metrics, stopped = trainer.fit(), trainer.stopped
     except UserError as exc:
         return report(exc, rank)
     except Exception as exc:

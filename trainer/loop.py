@@ -4,8 +4,10 @@ Reading guide. A run is built by :meth:`Trainer.start` and driven by :meth:`Trai
 the per-step agreement (one all-reduce), the phases (the DDP backward of each), then the log,
 eval and save (:mod:`trainer.outputs`), which run when the global step says so. The global
 step is the same on every rank because every rank runs the same number of phases with the
-same number of micro-batches. The pieces a run is built from are :mod:`trainer.run_parts`, the
-phases and the batch stream :mod:`trainer.phases`'s.
+same number of micro-batches. One optimizer step, from :meth:`Trainer.fit`: ``fit`` ->
+``step`` -> ``train_step`` -> ``run_phase`` (this file) -> :meth:`Phase.step_optimizer`, the
+phases being the table :func:`trainer.phases.build_phases` makes. The pieces a run is built
+from are :mod:`trainer.run_parts`'s.
 """
 
 from __future__ import annotations
@@ -193,7 +195,8 @@ class Trainer:
     # -- one optimizer step ------------------------------------------------------------------
     def run_phase(self, phase: Phase) -> None:
         """One optimizer step of ``phase``: its micro-batches under accelerate's accumulate()
-        (DDP syncs on the last), then its optimizer steps; ``phase.frozen`` held still."""
+        (DDP syncs on the last), then its optimizer step (:meth:`Phase.step_optimizer`), the
+        skip check and what follows the step; ``phase.frozen`` held still."""
         accumulation = self.config.training.gradient_accumulation_steps
         with frozen(phase.frozen):
             for _ in range(accumulation):
@@ -204,17 +207,13 @@ class Trainer:
                     loss, parts = phase.loss(batch)
                     collectives.backward(self.accelerator, loss, phase.role)
                 phase.record(loss, parts)
-        self._finish_phase(phase)
-        if phase.after_step is not None:
-            phase.after_step(phase)
-
-    def _finish_phase(self, phase: Phase) -> None:
-        """The phase's optimizer step (see :meth:`Phase.step_optimizer`), then the skip check.
-        The gradients were all-reduced by DDP, so whether they are finite is the same on every
-        rank: a NaN produced on one rank reaches all of them, and every rank skips together."""
+        # The gradients were all-reduced by DDP, so whether they are finite is the same on every
+        # rank: a NaN produced on one rank reaches all of them, and every rank skips together.
         log_norm = self.outputs.logs_at(self.state.step + 1)
         skipped, finite = phase.step_optimizer(self.accelerator.scaler, self.direct_step, log_norm)
         self._check_skips(phase, skipped, finite)
+        if phase.after_step is not None:
+            phase.after_step(phase)
 
     def _check_skips(self, phase: Phase, skipped: bool, finite: bool) -> None:
         """Stop every rank when the non-finite policy or the bound on skips in a row says so."""
@@ -267,27 +266,24 @@ class Trainer:
         and the last checkpoint holds the state to resume from.
         """
         with self.start():
-            return self._train()
-
-    def _train(self) -> dict[str, Any]:
-        acc, t = self.accelerator, self.config.training
-        bar = self.outputs.progress_bar(PROGRESS_NAMES[t.objective])
-        last_eval: dict[str, Any] = {}
-        with logging_redirect_tqdm() if not bar.disable else contextlib.nullcontext():
-            if self.state.step >= t.max_steps:
-                # Resumed from the end of a finished run: nothing to train; its models' scores
-                # are the answer (not written again: the run's records hold them already).
-                last_eval, _ = self.outputs.score()
-            while self.state.step < t.max_steps and not self.stopped:
-                metrics = self.step()
-                bar.update(1)
-                last_eval = last_eval if metrics is None else metrics
-        bar.close()
-        if not self.stopped:
-            self.outputs.export("final")
-        collectives.barrier(acc, "at the end")
-        finish_trackers(acc)
-        return last_eval
+            acc, t = self.accelerator, self.config.training
+            bar = self.outputs.progress_bar(PROGRESS_NAMES[t.objective])
+            last_eval: dict[str, Any] = {}
+            with logging_redirect_tqdm() if not bar.disable else contextlib.nullcontext():
+                if self.state.step >= t.max_steps:
+                    # Resumed from the end of a finished run: nothing to train; its models' scores
+                    # are the answer (not written again: the run's records hold them already).
+                    last_eval, _ = self.outputs.score()
+                while self.state.step < t.max_steps and not self.stopped:
+                    metrics = self.step()
+                    bar.update(1)
+                    last_eval = last_eval if metrics is None else metrics
+            bar.close()
+            if not self.stopped:
+                self.outputs.export("final")
+            collectives.barrier(acc, "at the end")
+            finish_trackers(acc)
+            return last_eval
 
     @watched
     def step(self) -> dict[str, Any] | None:
