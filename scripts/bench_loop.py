@@ -47,7 +47,7 @@ class PlainLoop:
     def __init__(self, g: Any, d: Any, opt_g: Any, opt_d: Any, data: Any, rank: int, world: int, device: Any) -> None:
         import torch
 
-        # g and d may be DDP-wrapped; the G step goes through the bare D with its parameters frozen
+        # g and d may be DDP-wrapped; the G step goes through the unwrapped D with its parameters frozen
         self.g, self.d, self.opt_g, self.opt_d = g, d, opt_g, opt_d
         self.g_bare, self.d_bare = getattr(g, "module", g), getattr(d, "module", d)
         self.data, self.rank, self.world, self.device = data, rank, world, device

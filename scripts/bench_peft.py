@@ -89,7 +89,10 @@ def measure(args: argparse.Namespace, variant: str) -> dict[str, float]:
             trainer.train_step()
         seconds = time.perf_counter() - start
         trained = sum(
-            p.numel() for model in (trainer.g.bare, trainer.d.bare) for p in model.parameters() if p.requires_grad
+            p.numel()
+            for model in (trainer.g.unwrapped, trainer.d.unwrapped)
+            for p in model.parameters()
+            if p.requires_grad
         )
     return {
         "steps_per_s": args.steps / seconds,

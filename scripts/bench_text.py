@@ -357,7 +357,7 @@ def run_sampling(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path
     from trainer.loop import Trainer
 
     with Trainer(trainer_config(args, paths, run_dir), device=args.device).start(training=False) as trainer:
-        task, model = trainer.task, trainer.g.bare
+        task, model = trainer.task, trainer.g.unwrapped
         device = trainer.accelerator.device
         start = torch.full((args.batch, 1), task.start_id, dtype=torch.long, device=device)
         rng = torch.Generator(device=device).manual_seed(0)
@@ -423,13 +423,13 @@ def run_checkpoint(args: argparse.Namespace, paths: dict[str, Path], run_dir: Pa
             file = run_dir / "state.pt"
             state = {}
             for phase in phases:
-                state[phase.role] = phase.bare.state_dict()
+                state[phase.role] = phase.unwrapped.state_dict()
                 state[f"{phase.role}_optimizer"] = phase.optimizer.state_dict()
             began = time.perf_counter()
             torch.save(state, file)
             loaded = torch.load(file, map_location="cpu")
             for phase in phases:
-                phase.bare.load_state_dict(loaded[phase.role])
+                phase.unwrapped.load_state_dict(loaded[phase.role])
                 phase.optimizer.load_state_dict(loaded[f"{phase.role}_optimizer"])
             return time.perf_counter() - began, file.stat().st_size
 

@@ -19,7 +19,7 @@ def main(config: str, out: str) -> None:
     with Trainer(load_config(config), device="cpu").start() as trainer:
         while trainer.state.step < trainer.config.training.max_steps:
             trainer.step()
-            statistics = {name: b.clone() for name, b in trainer.g.bare.named_buffers()}
+            statistics = {name: b.clone() for name, b in trainer.g.unwrapped.named_buffers()}
             if trainer.ema is not None:
                 statistics.update({f"ema.{n}": b.clone() for n, b in trainer.ema.model.named_buffers()})
             seen.append(statistics)

@@ -83,8 +83,8 @@ def test_a_tied_transformers_generator_averages_saves_and_resumes_exactly(tmp_pa
     assert resumed.keys() == whole.keys() and all(torch.equal(resumed[k], whole[k]) for k in whole)
     average = Trainer(load_config(config), device="cpu", resume="latest").start(training=False)
     with average:
-        bare = average.ema.model
-        assert bare.lm_head.weight is bare.transformer.wte.weight
+        unwrapped = average.ema.model
+        assert unwrapped.lm_head.weight is unwrapped.transformer.wte.weight
 
 
 @pytest.mark.timeout(120)
@@ -92,10 +92,10 @@ def test_the_run_averages_after_every_generator_step(tmp_path):
     # the average of the run's own generator weights, step by step, by hand
     training = {"ema_decay": 0.6, "max_steps": 3, "eval_every": 3, "d_steps_per_g_step": 2}
     with Trainer(load_config(write_run(tmp_path, {"training": training})), device="cpu").start() as trainer:
-        expected = {k: v.clone().double() for k, v in trainer.g.bare.state_dict().items()}
+        expected = {k: v.clone().double() for k, v in trainer.g.unwrapped.state_dict().items()}
         for _ in range(3):
             trainer.train_step()
-            for key, value in trainer.g.bare.state_dict().items():
+            for key, value in trainer.g.unwrapped.state_dict().items():
                 expected[key] = 0.6 * expected[key] + 0.4 * value.double()
         for key, value in trainer.ema.model.state_dict().items():
             assert torch.allclose(value.double(), expected[key], rtol=1e-5, atol=1e-7), key

@@ -28,10 +28,10 @@ def train_frozen(config: str, result_dir: str) -> None:
     """Four steps (with their evals and checkpoints) against the frozen discriminator; what this
     rank saw, to RESULT/rank-R.json."""
     with Trainer(load_config(config), device="cpu").start() as trainer:
-        d_before, g_before = weights(trainer.d.bare), weights(trainer.g.bare)
+        d_before, g_before = weights(trainer.d.unwrapped), weights(trainer.g.unwrapped)
         for _ in range(4):
             trainer.step()
-        d_after, g_after = weights(trainer.d.bare), weights(trainer.g.bare)
+        d_after, g_after = weights(trainer.d.unwrapped), weights(trainer.g.unwrapped)
         acc = trainer.accelerator
         rank = acc.process_index
         seen = {
@@ -39,8 +39,8 @@ def train_frozen(config: str, result_dir: str) -> None:
             "d_wrapped": type(trainer.d.model).__name__,
             "g_wrapped": type(trainer.g.model).__name__,
             "d_optimizer": trainer.d.optimizer is not None,
-            "d_requires_grad": any(p.requires_grad for p in trainer.d.bare.parameters()),
-            "d_training_mode": trainer.d.bare.training,
+            "d_requires_grad": any(p.requires_grad for p in trainer.d.unwrapped.parameters()),
+            "d_training_mode": trainer.d.unwrapped.training,
             "d_unchanged": all(torch.equal(d_before[k], d_after[k]) for k in d_before),
             "g_changed": any(not torch.equal(g_before[k], g_after[k]) for k in g_before),
             "g_sum": float(sum(v.double().sum() for v in g_after.values())),

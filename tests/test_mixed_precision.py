@@ -64,7 +64,7 @@ def test_the_models_compute_in_the_configured_precision_on_cpu(tmp_path, precisi
         seen: dict[str, set[torch.dtype]] = {"generator": set(), "discriminator": set()}
         for role, phase in (("generator", trainer.g), ("discriminator", trainer.d)):
             # a layer inside: accelerate hands the model's own outputs back in float32
-            layer = next(m for m in phase.bare.modules() if isinstance(m, torch.nn.Linear))
+            layer = next(m for m in phase.unwrapped.modules() if isinstance(m, torch.nn.Linear))
             layer.register_forward_hook(lambda module, args, out, role=role: seen[role].add(out.dtype))
         trainer.step()
         # the parameters (and what the optimizers update) stay float32

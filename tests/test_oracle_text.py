@@ -163,7 +163,7 @@ def test_saved_generator_loads_with_the_same_logits_and_resume_is_exact(tmp_path
     trainer.fit()
     out = tmp_path / "out"
     loaded = AutoModelForCausalLM.from_pretrained(out / "final" / "generator").eval()
-    trained = trainer.g.bare.eval()
+    trained = trainer.g.unwrapped.eval()
     tokens = torch.randint(0, VOCAB + 1, (3, LENGTH))
     with torch.no_grad():
         assert torch.equal(loaded(input_ids=tokens).logits, trained(input_ids=tokens).logits)
@@ -178,7 +178,7 @@ def test_saved_generator_loads_with_the_same_logits_and_resume_is_exact(tmp_path
         assert again.keys() == tensors.keys()
         for key in tensors:
             assert torch.equal(again[key], tensors[key]), f"{role}.{key} differs after resume"
-    generator = resumed.g.bare
+    generator = resumed.g.unwrapped
     assert generator.lm_head.weight is generator.transformer.wte.weight
     assert not [r.getMessage() for r in caplog.records if "shared tensor" in r.getMessage()]
 

@@ -24,15 +24,15 @@ SERVER = textwrap.dedent(
 RANK = textwrap.dedent(
     """
     import atexit, sys, time
-    from trainer import peers
+    from trainer import peer_watch
     # atexit runs its functions last in, first out: this one after any the trainer registers
     atexit.register(lambda: print("watch thread alive after close:", watch._thread.is_alive(), file=sys.stderr))
-    watch = peers.start_watch(rank=1, world_size=2, stop_grace_s=30, timeout_s=600)
+    watch = peer_watch.start_watch(rank=1, world_size=2, stop_grace_s=30, timeout_s=600)
     print("watching", flush=True)
     sys.stdin.readline()  # the store's server is frozen now: the watch thread waits in a store call
-    time.sleep(2 * peers.POLL_S)
+    time.sleep(2 * peer_watch.POLL_S)
     if sys.argv[1] == "close":
-        peers.close_watch()
+        peer_watch.close_watch()
     sys.exit(3)
     """
 )

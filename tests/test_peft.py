@@ -135,7 +135,7 @@ def test_the_kl_reference_is_the_generator_with_its_adapter_off(tmp_path, exampl
     )
     stage1 = AutoModelForCausalLM.from_pretrained(str(paths["model"])).eval()
     with started(config) as trainer:
-        task, generator = trainer.task, trainer.g.bare
+        task, generator = trainer.task, trainer.g.unwrapped
         sequences = torch.randint(3, 200, (4, 10))
         for _ in range(3):
             trainer.step()
@@ -164,9 +164,11 @@ def test_adapters_train_with_gradient_checkpointing_in_bfloat16(tmp_path, exampl
         },
     )
     with started(config) as trainer:
-        lora_b = {n: p.detach().clone() for n, p in trainer.g.bare.named_parameters() if "lora_B" in n}
+        lora_b = {n: p.detach().clone() for n, p in trainer.g.unwrapped.named_parameters() if "lora_B" in n}
         trainer.step()
-        moved = [n for n, p in trainer.g.bare.named_parameters() if "lora_B" in n and not torch.equal(p, lora_b[n])]
+        moved = [
+            n for n, p in trainer.g.unwrapped.named_parameters() if "lora_B" in n and not torch.equal(p, lora_b[n])
+        ]
     assert lora_b and moved == list(lora_b)  # every adapter got a gradient through the recomputed blocks
 
 

@@ -88,9 +88,9 @@ def test_a_pretrained_gpt2_trains_with_its_dropout_unless_disabled(tmp_path, dis
         batch = trainer.stream.next()
         first, _ = trainer.g.loss(batch)
         second, _ = trainer.g.loss(batch)
-        bare = trainer.g.bare
-        assert bare.training
-        dropouts = [m.p for m in bare.modules() if isinstance(m, torch.nn.Dropout)]
+        unwrapped = trainer.g.unwrapped
+        assert unwrapped.training
+        dropouts = [m.p for m in unwrapped.modules() if isinstance(m, torch.nn.Dropout)]
     assert dropouts and set(dropouts) == ({0.0} if disable_dropout else {0.1})
     if disable_dropout:
         assert torch.equal(first, second)

@@ -81,7 +81,7 @@ def with_adapter(model: nn.Module, spec: dict[str, Any] | str, role: str, key: s
 
 
 def is_adapted(model: nn.Module) -> bool:
-    """Whether ``model`` (bare) carries a PEFT adapter."""
+    """Whether ``model`` (unwrapped) carries a PEFT adapter."""
     try:
         from peft import PeftModel
     except ImportError:
@@ -139,22 +139,22 @@ def checkpoint_adapters_only(accelerator: Accelerator) -> None:
 
     def save(models: list[nn.Module], weights: list[dict[str, Any]], output_dir: str) -> None:
         for index, model in enumerate(models):
-            bare = accelerator.unwrap_model(model)
-            if is_adapted(bare):
-                weights[index] = AdapterWeights(bare).state_dict()
+            unwrapped = accelerator.unwrap_model(model)
+            if is_adapted(unwrapped):
+                weights[index] = AdapterWeights(unwrapped).state_dict()
 
     def load(models: list[nn.Module], input_dir: str) -> None:
         for index, model in enumerate(models):
-            bare = accelerator.unwrap_model(model)
-            if is_adapted(bare):
-                models[index] = AdapterWeights(bare)
+            unwrapped = accelerator.unwrap_model(model)
+            if is_adapted(unwrapped):
+                models[index] = AdapterWeights(unwrapped)
 
     accelerator.register_save_state_pre_hook(save)
     accelerator.register_load_state_pre_hook(load)
 
 
 def adapted_exports(model: nn.Module, directory: Path, merge: bool) -> dict[Path, Callable[[Path], None]]:
-    """How to write an adapted model (bare) into ``directory``, by the directory each writer
+    """How to write an adapted model (unwrapped) into ``directory``, by the directory each writer
     fills: with ``merge``, the base with the adapter merged in (``save_pretrained``:
     ``from_pretrained`` and ``pipeline`` load it as any model) and the adapter beside it in
     ``DIRECTORY-adapter``; else the adapter alone (``PeftModel.from_pretrained`` loads it onto

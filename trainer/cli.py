@@ -120,10 +120,10 @@ def debug_arguments(args: argparse.Namespace) -> str:
 
 def report(exc: UserError, rank: str) -> int:
     """Print the one error line of ``exc``; returns its exit status. An error on this rank
-    alone is posted for the other ranks too (see :mod:`trainer.peers`)."""
+    alone is posted for the other ranks too (see :mod:`trainer.peer_watch`)."""
     line = f"error (rank {rank}): {exc}"
     if not exc.agreed:
-        from trainer.peers import report_failure
+        from trainer.peer_watch import report_failure
 
         code = report_failure(exc, lambda: print_error_line(line))
         # another rank failed first: this rank printed one line naming it, not its own
@@ -142,7 +142,7 @@ def failure_status(exc: Exception) -> int:
     (through ``sys.excepthook``, which torch prefixes with the rank) and posts it for the other
     ranks, status 1; a rank whose error follows a peer's failure (a closed socket) prints one
     line naming that peer instead, and takes its status."""
-    from trainer.peers import report_failure
+    from trainer.peer_watch import report_failure
 
     code = report_failure(exc, lambda: sys.excepthook(type(exc), exc, exc.__traceback__))
     return 1 if code is None else code

@@ -197,12 +197,12 @@ def agreed(accelerator: Accelerator, what: str, action: Callable[[], T]) -> T:
     The rank that failed re-raises its own error; the others raise one naming that rank, so no
     rank is left waiting in a later collective.
     """
-    result, error = attempt(action)
+    result, error = result_or_user_error(action)
     fail_together(error, ranks_with(accelerator, error is not None, what), what, "see that rank's error")
     return result
 
 
-def attempt(action: Callable[[], T]) -> tuple[T | None, UserError | None]:
+def result_or_user_error(action: Callable[[], T]) -> tuple[T | None, UserError | None]:
     """``action``'s result, or the UserError it raised (then None for the result)."""
     try:
         return action(), None
@@ -228,7 +228,7 @@ def agreed_between_runs(what: str, action: Callable[[], T]) -> T:
     a process group (the first run, one process) ``action`` runs alone."""
     if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
         return action()
-    result, error = attempt(action)
+    result, error = result_or_user_error(action)
     outcomes: list[tuple[T | None, str | None]] = [(None, None)] * torch.distributed.get_world_size()
     HEARTBEAT.collective_entered(f"all_gather_object ({what})")
     torch.distributed.all_gather_object(outcomes, (result, None if error is None else str(error)))

@@ -4,7 +4,7 @@ GAN practice evaluates and ships the average (StyleGAN's ``G_ema``, diffusers' `
 the raw generator's quality swings from one step to the next. The average is torch's
 ``AveragedModel`` of a copy of the generator made before accelerate prepares it (a copy of
 the prepared one would carry accelerate's forward wrapper, which calls the original model).
-It is updated after every generator optimizer step from the bare weights, which are the same
+It is updated after every generator optimizer step from the unwrapped weights, which are the same
 on every rank: no collective.
 """
 
@@ -50,7 +50,7 @@ class GeneratorEma:
 
     @torch.no_grad()
     def update(self, generator: nn.Module, step: int) -> None:
-        """After generator optimizer step ``step`` (counted from 1), from the bare generator."""
+        """After generator optimizer step ``step`` (counted from 1), from the unwrapped generator."""
         if step <= self.start:
             self.averaged.n_averaged.zero_()  # the next update copies the weights
         else:

@@ -59,10 +59,10 @@ def evaluate(
     Metrics are computed from the gathered outputs and then taken from the main process, so
     every rank acts on exactly the same numbers (best checkpoint, logging).
     """
-    bare_g, bare_d = accelerator.unwrap_model(generator), accelerator.unwrap_model(discriminator)
-    modes = bare_g.training, bare_d.training  # a frozen discriminator stays in eval mode
-    bare_g.eval()
-    bare_d.eval()
+    unwrapped_g, unwrapped_d = accelerator.unwrap_model(generator), accelerator.unwrap_model(discriminator)
+    modes = unwrapped_g.training, unwrapped_d.training  # a frozen discriminator stays in eval mode
+    unwrapped_g.eval()
+    unwrapped_d.eval()
     chunks = []
     # A bar on the main process, shown once the eval has taken EVAL_BAR_DELAY_S (a short eval
     # shows none); like the training bar, none in a log file or pipe.
@@ -78,7 +78,7 @@ def evaluate(
         for batch in collectives.start_iterator(dataloader, "eval"):
             HEARTBEAT.beat("eval")
             bar.update(1)
-            outputs = task.eval_outputs(bare_g, bare_d, batch)
+            outputs = task.eval_outputs(unwrapped_g, unwrapped_d, batch)
             if not chunks:  # the keys, ranks and dtypes decide the collectives that follow
                 collectives.check_same_on_every_rank(
                     accelerator,
@@ -91,8 +91,8 @@ def evaluate(
             chunks.append({key: value.cpu() for key, value in gathered.items()})
     finally:
         bar.close()
-        bare_g.train(modes[0])
-        bare_d.train(modes[1])
+        unwrapped_g.train(modes[0])
+        unwrapped_d.train(modes[1])
     outputs = concatenate(chunks, task.eval_pad_value)
     metrics: dict[str, Any] = dict(task.eval_metrics(outputs))
     metrics["num_samples"] = len(next(iter(outputs.values())))

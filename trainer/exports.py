@@ -33,16 +33,16 @@ def export_model(
     state = accelerator.get_state_dict(model)
     if not accelerator.is_main_process:
         return
-    bare = accelerator.unwrap_model(model)
+    unwrapped = accelerator.unwrap_model(model)
 
     def weights(path: Path) -> None:
-        if hasattr(bare, "save_pretrained"):
-            bare.save_pretrained(path, state_dict=state)
+        if hasattr(unwrapped, "save_pretrained"):
+            unwrapped.save_pretrained(path, state_dict=state)
         else:
             path.mkdir(parents=True)
             save_file({k: v.contiguous() for k, v in state.items()}, str(path / WEIGHTS_NAME))
 
-    writers = adapters.adapted_exports(bare, directory, merge_adapter) if adapters.is_adapted(bare) else {}
+    writers = adapters.adapted_exports(unwrapped, directory, merge_adapter) if adapters.is_adapted(unwrapped) else {}
     for target, write in (writers or {directory: weights}).items():
         publish(target, write, extras)
 

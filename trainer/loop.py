@@ -24,7 +24,7 @@ from accelerate.logging import get_logger
 from accelerate.utils import DistributedType, set_seed
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from trainer import adapters, checkpoint, collectives, peers, run_parts, world
+from trainer import adapters, checkpoint, collectives, peer_watch, run_parts, world
 from trainer.checkpoint import Checkpoints, TrainState
 from trainer.config import RunConfig
 from trainer.ema import GeneratorEma
@@ -105,7 +105,7 @@ class Trainer:
             self._build_accelerator()
             self._session.enter_context(self.watchdog)
             self._session.enter_context(self.signals)
-            self._session.enter_context(peers.run_in_progress())
+            self._session.enter_context(peer_watch.run_in_progress())
             self.stopped = None
             with HEARTBEAT.long_work("start-up"):
                 self._setup(training)
@@ -140,7 +140,7 @@ class Trainer:
         self.watchdog = Watchdog(self.config.distributed.watchdog_s, self.output_dir, self.accelerator.process_index)
         if self.accelerator.num_processes > 1:
             d, acc = self.config.distributed, self.accelerator
-            peers.start_watch(acc.process_index, acc.num_processes, d.stop_grace_s, d.timeout_s)
+            peer_watch.start_watch(acc.process_index, acc.num_processes, d.stop_grace_s, d.timeout_s)
 
     def _setup(self, training: bool) -> None:
         """Models, data, optimizers and state on every rank; with ``training`` off (eval only)
@@ -168,7 +168,7 @@ class Trainer:
         self.noise.manual_seed(run_parts.noise_seed(t.seed, acc.process_index))
         self.d, self.g = build_phases(task, cfg, acc, self.noise, self.ema, generator, discriminator)
         plain = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
-        self.direct_step = acc.scaler is None and acc.distributed_type in plain
+        self.step_torch_optimizer = acc.scaler is None and acc.distributed_type in plain
         self.state = TrainState(run_id=run_id)
         self.stream = BatchStream(acc, train_loader)
         self.checkpoints = Checkpoints(
@@ -210,7 +210,7 @@ class Trainer:
         # The gradients were all-reduced by DDP, so whether they are finite is the same on every
         # rank: a NaN produced on one rank reaches all of them, and every rank skips together.
         log_norm = self.outputs.logs_at(self.state.step + 1)
-        skipped, finite = phase.step_optimizer(self.accelerator.scaler, self.direct_step, log_norm)
+        skipped, finite = phase.step_optimizer(self.accelerator.scaler, self.step_torch_optimizer, log_norm)
         self._check_skips(phase, skipped, finite)
         if phase.after_step is not None:
             phase.after_step(phase)
@@ -250,7 +250,9 @@ class Trainer:
             if t.objective != "discriminator":
                 self.run_phase(self.g)
             for phase in (self.d, self.g):
-                collectives.share_running_statistics(self.accelerator, phase.bare, f"{phase.role} running statistics")
+                collectives.share_running_statistics(
+                    self.accelerator, phase.unwrapped, f"{phase.role} running statistics"
+                )
         self.state.step += 1
         self._steps_run += 1
         HEARTBEAT.beat("end of step (agreement, log, eval, save)", self.state.step)
@@ -332,7 +334,7 @@ class Trainer:
         ensure_logging()
         try:
             self._build_accelerator()
-            with self.watchdog, peers.run_in_progress(), HEARTBEAT.long_work("evaluation"):
+            with self.watchdog, peer_watch.run_in_progress(), HEARTBEAT.long_work("evaluation"):
                 if source is not None:
                     self.config, self.resume = run_parts.evaluation_source(self.accelerator, self.config, Path(source))
                 self._setup(training=False)

@@ -55,16 +55,16 @@ class Phase:
     """One side of the game: its model, optimizer, scheduler and clipping bound, what it
     computes on a micro-batch, and its counters.
 
-    ``opponent`` is the other model's bare module, which the phase's computation calls;
+    ``opponent`` is the other model's unwrapped module, which the phase's computation calls;
     ``frozen`` are parameters held still while the phase runs (the discriminator's, for the
-    generator phase, which calls the bare discriminator: its DDP reducer does no work and no
+    generator phase, which calls the unwrapped discriminator: its DDP reducer does no work and no
     gradient reaches it)."""
 
     name: str
     role: str
-    #: the prepared (possibly DDP-wrapped) model, and the bare module inside it
+    #: the prepared (possibly DDP-wrapped) model, and the unwrapped module inside it
     model: nn.Module
-    bare: nn.Module
+    unwrapped: nn.Module
     #: None for a frozen model (a fixed reward model): the phase never runs
     optimizer: Any
     scheduler: Any
@@ -86,7 +86,7 @@ class Phase:
     grad_norm: float | None = None
 
     def __post_init__(self) -> None:
-        self.params = list(self.bare.parameters())
+        self.params = list(self.unwrapped.parameters())
 
     def loss(self, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The phase's loss on one micro-batch (None when it takes no data), and its parts."""
@@ -97,9 +97,9 @@ class Phase:
         for key, value in parts.items():
             self.parts.setdefault(key, []).append(value.detach())
 
-    def step_optimizer(self, scaler: Any, direct: bool, log_norm: bool) -> tuple[bool, bool]:
+    def step_optimizer(self, scaler: Any, step_torch_optimizer: bool, log_norm: bool) -> tuple[bool, bool]:
         """Clip, step and zero this phase's optimizer only, or skip a non-finite step; count
-        it. ``direct``: step the torch optimizer itself (no GradScaler, plain DDP); ``log_norm``:
+        it. ``step_torch_optimizer``: step the torch optimizer itself (no GradScaler, plain DDP); ``log_norm``:
         the step's gradient norm is logged. Returns (skipped, gradients finite)."""
         params = [p for p in self.params if p.grad is not None]
         if scaler is not None:
@@ -117,7 +117,7 @@ class Phase:
         # At a sync point with no GradScaler and plain DDP, the prepared optimizer would only
         # forward to the torch one, after an importlib look-up per step() and a signature
         # inspection per zero_grad(): about 1 ms a step, 5% of a small model's.
-        optimizer = self.optimizer.optimizer if direct else self.optimizer
+        optimizer = self.optimizer.optimizer if step_torch_optimizer else self.optimizer
         if finite or scaler is not None:
             # With a GradScaler an overflow is routine: the scaler skips the step and lowers
             # its scale, which it only does from inside the prepared optimizer's step().
@@ -172,7 +172,7 @@ class Phase:
 def discriminator_loss(
     task: Task, training: TrainingSection, accelerator: Accelerator, noise: torch.Generator, phase: Phase, batch: Any
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The discriminator phase's computation: real against generated (by the bare generator,
+    """The discriminator phase's computation: real against generated (by the unwrapped generator,
     without gradients), with the penalties due at this discriminator step."""
     real = task.real(batch)
     with torch.no_grad():
@@ -185,19 +185,19 @@ def generator_loss(
     task: Task, training: TrainingSection, noise: torch.Generator, phase: Phase, batch: Any
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The generator phase's computation: stage 1's maximum likelihood, else the task's loss
-    through the bare discriminator (frozen by the phase)."""
+    through the unwrapped discriminator (frozen by the phase)."""
     if training.objective == "mle":
         return task.mle_loss(phase.model, batch)
     return task.generator_loss(phase.model, phase.opponent, training.batch_size, noise, batch)
 
 
 def after_generator_step(task: Task, accelerator: Accelerator, ema: GeneratorEma | None, phase: Phase) -> None:
-    """The moving average, then the task's own update (a DDO round), from the bare weights
+    """The moving average, then the task's own update (a DDO round), from the unwrapped weights
     (and rank 0's running statistics, so that the average is the same on every rank)."""
-    collectives.share_running_statistics(accelerator, phase.bare, "generator running statistics")
+    collectives.share_running_statistics(accelerator, phase.unwrapped, "generator running statistics")
     if ema is not None:
-        ema.update(phase.bare, phase.steps)
-    task.after_generator_step(phase.bare, phase.steps)
+        ema.update(phase.unwrapped, phase.steps)
+    task.after_generator_step(phase.unwrapped, phase.steps)
 
 
 def build_phases(
@@ -210,15 +210,15 @@ def build_phases(
     discriminator: Trainable,
 ) -> tuple[Phase, Phase]:
     """The phase table: the discriminator's phase and the generator's, each with what it computes
-    on a micro-batch against its opponent (the other's bare model) and what it holds still."""
+    on a micro-batch against its opponent (the other's unwrapped model) and what it holds still."""
     acc, t, optim = accelerator, cfg.training, cfg.optim
-    bare_d, bare_g = acc.unwrap_model(discriminator.model), acc.unwrap_model(generator.model)
+    unwrapped_d, unwrapped_g = acc.unwrap_model(discriminator.model), acc.unwrap_model(generator.model)
     d_loss = functools.partial(discriminator_loss, task, t, acc, noise)
     g_loss = functools.partial(generator_loss, task, t, noise)
-    d = Phase("d", "discriminator", discriminator.model, bare_d, discriminator.optimizer, discriminator.scheduler,
-              optim.discriminator.max_grad_norm, d_loss, needs_data=True, opponent=bare_g)  # fmt: skip
-    g = Phase("g", "generator", generator.model, bare_g, generator.optimizer, generator.scheduler,
-              optim.generator.max_grad_norm, g_loss, task.generator_needs_data, opponent=bare_d,
+    d = Phase("d", "discriminator", discriminator.model, unwrapped_d, discriminator.optimizer, discriminator.scheduler,
+              optim.discriminator.max_grad_norm, d_loss, needs_data=True, opponent=unwrapped_g)  # fmt: skip
+    g = Phase("g", "generator", generator.model, unwrapped_g, generator.optimizer, generator.scheduler,
+              optim.generator.max_grad_norm, g_loss, task.generator_needs_data, opponent=unwrapped_d,
               frozen=list(d.params), after_step=functools.partial(after_generator_step, task, acc, ema))  # fmt: skip
     return d, g
 

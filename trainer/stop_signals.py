@@ -7,7 +7,7 @@ import contextlib
 import signal
 from typing import Any
 
-from trainer import peers
+from trainer import peer_watch
 
 
 class StopSignals:
@@ -28,13 +28,13 @@ class StopSignals:
 
     def __enter__(self) -> StopSignals:
         self.received = None
-        for signum in peers.STOP_SIGNALS:
+        for signum in peer_watch.STOP_SIGNALS:
             try:
                 self._previous[signum] = signal.signal(signum, self._request_stop)
             except ValueError:  # not the main thread
                 pass
-        if self._previous and peers.WATCH is not None:
-            self._seen.enter_context(peers.WATCH.stop_signals_seen())
+        if self._previous and peer_watch.WATCH is not None:
+            self._seen.enter_context(peer_watch.WATCH.stop_signals_seen())
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -24,7 +24,7 @@ from accelerate.utils import DistributedType, GradientAccumulationPlugin, Projec
 from trainer import collectives
 from trainer.config import Config
 from trainer.errors import UserError
-from trainer.peers import close_watch
+from trainer.peer_watch import close_watch
 from trainer.process_group import form_process_group, startup_bound
 
 
@@ -102,7 +102,7 @@ def check_world(accelerator: Accelerator) -> None:
         )
 
 
-#: what the loop supports: it reads each rank's whole gradients and calls the bare modules,
+#: what the loop supports: it reads each rank's whole gradients and calls the unwrapped modules,
 #: which sharded parameters (FSDP, DeepSpeed, Megatron) would make wrong
 SUPPORTED_TYPES = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
 
@@ -112,7 +112,7 @@ def check_supported(accelerator: Accelerator) -> None:
     if accelerator.distributed_type not in SUPPORTED_TYPES:
         error = UserError(
             f"rank {accelerator.process_index}: accelerate's distributed type {accelerator.distributed_type.value} "
-            "is not supported: the loop reads whole gradients and calls the bare models, which sharded "
+            "is not supported: the loop reads whole gradients and calls the unwrapped models, which sharded "
             "parameters break; use a plain multi-GPU or multi-CPU accelerate config (accelerate_configs/8gpu.yaml)"
         )
         error.agreed = True  # the config is the same on every rank

@@ -188,7 +188,7 @@ class Task:
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The G loss on one micro-batch of ``num`` samples, and its parts for logging.
 
-        ``discriminator`` is the bare module with its parameters frozen: gradients flow
+        ``discriminator`` is the unwrapped module with its parameters frozen: gradients flow
         through it to the generator and never into it.
         """
         fake = self.generate(generator, num, rng, batch)
@@ -223,7 +223,7 @@ class Task:
 
     # -- state the task changes while training ----------------------------------------------
     def after_generator_step(self, generator: nn.Module, step: int) -> None:
-        """Optional: called after generator optimizer step ``step`` (from 1) with the bare
+        """Optional: called after generator optimizer step ``step`` (from 1) with the unwrapped
         generator, the same on every rank; must not communicate."""
 
     def load_frozen(self) -> None:

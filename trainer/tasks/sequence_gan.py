@@ -261,7 +261,7 @@ class SequenceGanTask(Task):
     @torch.no_grad()
     def after_generator_step(self, generator: nn.Module, step: int) -> None:
         """A new round every ``round_steps`` generator steps: the reference becomes the
-        generator (the bare one, the same on every rank)."""
+        generator (the unwrapped one, the same on every rank)."""
         rounds = self.options.round_steps
         if self.uses_likelihood_ratio and rounds and step % rounds == 0:
             self.reference.load_state_dict(generator.state_dict())
