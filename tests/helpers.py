@@ -10,13 +10,12 @@ import yaml
 
 from harness import launch as launching
 from harness.launch import ROOT, SCRIPT, free_port, launch_command, launch_env, records
+from harness.tiny import TINY_DISCRIMINATOR, TINY_GENERATOR, deep_merge, write_run
 
 TESTS = Path(__file__).resolve().parent
-__all__ = ["ROOT", "SCRIPT", "free_port", "launch_command", "records"]
+__all__ = ["ROOT", "SCRIPT", "TINY_DISCRIMINATOR", "deep_merge", "free_port", "launch_command", "records", "write_run"]
 LAUNCH_TIMEOUT = 240
 
-TINY_GENERATOR = {"latent_dim": 2, "hidden_dim": 16, "num_layers": 2}
-TINY_DISCRIMINATOR = {"hidden_dim": 16, "num_layers": 2}
 #: PacGAN's models, tiny: a BatchNorm generator, a maxout discriminator, N(0, 0.02) weights
 PACGAN_GENERATOR = {**TINY_GENERATOR, "batch_norm": True, "init_std": 0.02}
 PACGAN_DISCRIMINATOR = {"hidden_dim": 8, "num_layers": 2, "maxout_pieces": 3, "init_std": 0.02}
@@ -31,49 +30,6 @@ def pacgan_models(tmp: Path) -> dict[str, str]:
         "generator_config": str(tmp / "pacgan_generator.yaml"),
         "discriminator_config": str(tmp / "pacgan_discriminator.yaml"),
     }
-
-
-def write_run(tmp: Path, config: dict[str, Any]) -> Path:
-    """Write a tiny ring run (tiny MLPs) merged with ``config``; returns the config path."""
-    tmp.mkdir(parents=True, exist_ok=True)
-    (tmp / "generator.yaml").write_text(yaml.safe_dump(TINY_GENERATOR))
-    (tmp / "discriminator.yaml").write_text(yaml.safe_dump(TINY_DISCRIMINATOR))
-    base: dict[str, Any] = {
-        "task": "gaussian_mixture",
-        "output_dir": str(tmp / "out"),
-        "model": {
-            "generator_config": str(tmp / "generator.yaml"),
-            "discriminator_config": str(tmp / "discriminator.yaml"),
-        },
-        "task_options": {"mixture": "ring", "packing": 1, "plot": False},
-        "training": {
-            "max_steps": 4,
-            "batch_size": 4,
-            "eval_every": 2,
-            "save_every": 2,
-            "log_every": 1,
-            "seed": 3,
-            "mixed_precision": "no",
-            "log_with": ["none"],
-        },
-        "optim": {"generator": {"lr": 1e-3}, "discriminator": {"lr": 1e-3}},
-        "eval": {"batch_size": 4},
-        "data": {"train_size": 64, "eval_size": 10},
-    }
-    merged = deep_merge(base, config)
-    path = tmp / "train.yaml"
-    path.write_text(yaml.safe_dump(merged))
-    return path
-
-
-def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 def env() -> dict[str, str]:

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from harness.launch import ROOT, launch_command, launch_env, records
+from harness.tiny import TINY_DISCRIMINATOR, TINY_GENERATOR, deep_merge, write_run
 
 #: seconds a run may take before the matrix kills it and reports a hang
 HARD_TIMEOUT = 180
@@ -51,30 +50,15 @@ class Run:
         self.out = work / "out"
         self.pids = work / "pids"
         self.pids.mkdir(parents=True, exist_ok=True)
-        (work / "g.yaml").write_text(yaml.safe_dump(sections.pop("generator", {"hidden_dim": 16, "num_layers": 2})))
-        (work / "d.yaml").write_text(yaml.safe_dump(sections.pop("discriminator", {"hidden_dim": 16, "num_layers": 2})))
-        config: dict[str, Any] = {
+        generator = sections.pop("generator", TINY_GENERATOR)
+        discriminator = sections.pop("discriminator", TINY_DISCRIMINATOR)
+        own: dict[str, Any] = {
             "task": "harness.faultmatrix.inject:Faults",
-            "output_dir": str(self.out),
-            "model": {"generator_config": str(work / "g.yaml"), "discriminator_config": str(work / "d.yaml")},
-            "task_options": {"plot": False, "pid_dir": str(self.pids), **(task_options or {})},
-            "training": {
-                "max_steps": 6,
-                "batch_size": 4,
-                "eval_every": 3,
-                "save_every": 3,
-                "log_every": 1,
-                "mixed_precision": "no",
-                "log_with": ["none"],
-            },
-            "eval": {"batch_size": 4},
-            "data": {"train_size": 64, "eval_size": 10},
+            "task_options": {"pid_dir": str(self.pids), **(task_options or {})},
+            "training": {"max_steps": 6, "eval_every": 3, "save_every": 3},
             "distributed": {"watchdog_s": WATCHDOG_S, "timeout_s": 60},
         }
-        for section, values in sections.items():
-            config[section] = {**config.get(section, {}), **values} if isinstance(values, dict) else values
-        self.config = work / "train.yaml"
-        self.config.write_text(yaml.safe_dump(config))
+        self.config = write_run(work, deep_merge(own, sections), generator, discriminator)
         self.args = ["--config", str(self.config), "--device", "cpu"]
 
     def command(self, *extra: str) -> list[str]:
