@@ -26,7 +26,9 @@ def test_bench_loop_prints_a_row_per_process_count():
     assert [row[0] for row in rows] == ["1", "2"], done.stdout
     for _, plain, trainer, ratio, plain_mb, trainer_mb in rows:
         assert float(plain) > 0 and float(trainer) > 0 and float(ratio) > 0
-        assert int(plain_mb) > 0 and int(trainer_mb) > 0
+        # each loop ran rounds x block steps (the script exits otherwise); a process that has
+        # imported torch and trained holds more than 100 MB: the peaks are the runs' own
+        assert int(plain_mb) > 100 and int(trainer_mb) > 100
 
 
 @pytest.mark.timeout(600)
