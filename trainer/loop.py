@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
-from accelerate.utils import DistributedType, set_seed
+from accelerate.utils import set_seed
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from trainer import adapters, checkpoint, collectives, peer_watch, run_parts, world
@@ -167,8 +167,9 @@ class Trainer:
         self.noise = torch.Generator(device=acc.device)
         self.noise.manual_seed(run_parts.noise_seed(t.seed, acc.process_index))
         self.d, self.g = build_phases(task, cfg, acc, self.noise, self.ema, generator, discriminator)
-        plain = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
-        self.step_torch_optimizer = acc.scaler is None and acc.distributed_type in plain
+        # world.check_supported admits plain DDP alone: without a GradScaler the prepared
+        # optimizer only forwards to the torch one
+        self.step_torch_optimizer = acc.scaler is None
         self.state = TrainState(run_id=run_id)
         self.stream = BatchStream(acc, train_loader)
         self.checkpoints = Checkpoints(
