@@ -9,13 +9,14 @@
 # 4. scripts/bench_text.py at GPT-2-small shape against TRL (tokens/s, steps/s, checkpoint).
 # Each part's output goes to OUT/<part>.log. Environment: DEVICE (cuda; cpu runs the same parts
 # on the CPU over gloo, as tests/test_bench.py does), STEPS (300), OUT (outputs/gpu_check),
-# BENCH_ARGS (--sizes small).
+# BENCH_ARGS (--sizes small), TEXT_ARGS (more flags of part 3; none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEVICE=${DEVICE:-cuda}
 STEPS=${STEPS:-300}
 OUT=${OUT:-outputs/gpu_check}
 BENCH_ARGS=${BENCH_ARGS:---sizes small}
+TEXT_ARGS=${TEXT_ARGS:-}
 PYTHON=${PYTHON:-python}
 EVERY=$(( STEPS / 2 > 0 ? STEPS / 2 : 1 ))
 rm -rf "$OUT" && mkdir -p "$OUT"
@@ -47,7 +48,8 @@ echo "2/4 ring, bf16, $STEPS steps"
 "$PYTHON" scripts/train_stage2.py --config configs/training/ring.yaml --device "$DEVICE" \
     --output-dir "$OUT/ring" "${SHORT[@]}" --set task_options.plot=false > "$OUT/ring.log" 2>&1
 echo "3/4 text, bf16, stage 1 then stage 2, $STEPS steps each"
-"$PYTHON" scripts/run_text.py --device "$DEVICE" --seeds 0 --output-dir "$OUT/text" "${SHORT[@]}" \
+# shellcheck disable=SC2086  # TEXT_ARGS is a list of flags
+"$PYTHON" scripts/run_text.py --device "$DEVICE" --seeds 0 --output-dir "$OUT/text" "${SHORT[@]}" $TEXT_ARGS \
     > "$OUT/text.log" 2>&1
 echo "4/4 bench_text.py $BENCH_ARGS"
 # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
