@@ -31,3 +31,11 @@ def test_readme_custom_task_runs_in_two_processes(tmp_path, monkeypatch):
     assert [r["step"] for r in evals] == [100, 200, 300]
     assert all(r["num_samples"] == 1000 and r["world_size"] == 2 for r in evals)
     assert (tmp_path / "out" / "best" / "generator" / "model.safetensors").is_file()
+
+    # the options' own check: one line naming the file and the key, exit status 2, no run
+    bad = launch(["--config", str(tmp_path / "two_peaks.yaml"), "--device", "cpu",
+                  "--set", "task_options.std=0", "--output-dir", str(tmp_path / "bad")], 1)  # fmt: skip
+    assert bad.returncode == 2, bad.stderr
+    errors = [line for line in bad.stderr.splitlines() if line.startswith("error")]
+    assert errors == [f"error (rank 0): {tmp_path / 'two_peaks.yaml'}: key 'task_options.std' must be positive"]
+    assert not (tmp_path / "bad").exists()

@@ -68,7 +68,8 @@ class Task:
     :meth:`discriminator_loss` or :meth:`generator_loss` for anything else.
     """
 
-    #: dataclass of the ``task_options`` section
+    #: dataclass of the ``task_options`` section (its ``check(source)``, if it has one, checks its
+    #: bounds; so do the model configs' dataclasses below)
     Options: ClassVar[type] = NoOptions
     #: dataclasses of the two model configs (None: the task reads the raw mappings itself)
     GeneratorConfig: ClassVar[type | None] = None
