@@ -72,25 +72,29 @@ def run_stage(args: argparse.Namespace, stage: int) -> int:
     """The body of :func:`main`, once the arguments are read."""
     rank = os.environ.get("RANK", "0")
     try:
-        suffix = debug_arguments(args) if args.debug else ""
         # Imported here so that --help and config errors stay fast and touch no device.
-        from trainer.config import load_config
+        from trainer.config import DEBUG_OVERRIDES, DEBUG_SUFFIX, load_config
         from trainer.loop import Trainer
         from trainer.stages import fit_stage1
 
+        overrides, overwrite, suffix = args.overrides, args.overwrite, ""
+        if args.debug:
+            # outputs beside the configured ones (OUTPUT-debug), replaced by each debug run
+            overrides, overwrite, suffix = [*DEBUG_OVERRIDES, *overrides], overwrite or not args.resume, DEBUG_SUFFIX
+            _detect_anomalies()
         flags = {
             "config": args.config,
-            "overrides": args.overrides,
+            "overrides": overrides,
             "generator_config": args.generator_config,
             "discriminator_config": args.discriminator_config,
             "output_dir": args.output_dir,
             "output_suffix": suffix,
         }
         if stage == 1:
-            result = fit_stage1(**flags, device=args.device, resume=args.resume, overwrite=args.overwrite)
+            result = fit_stage1(**flags, device=args.device, resume=args.resume, overwrite=overwrite)
             metrics, stopped = result.metrics, result.stopped
         else:
-            trainer = Trainer(load_config(**flags), args.device, args.resume, args.overwrite)
+            trainer = Trainer(load_config(**flags), args.device, args.resume, overwrite)
             metrics, stopped = trainer.fit(), trainer.stopped
     except UserError as exc:
         return report(exc, rank)
@@ -104,18 +108,11 @@ def run_stage(args: argparse.Namespace, stage: int) -> int:
     return 0
 
 
-def debug_arguments(args: argparse.Namespace) -> str:
-    """--debug: anomaly detection on, the DEBUG_OVERRIDES before the user's; returns the suffix
-    of the output directory (outputs beside the configured one, OUTPUT-debug, replaced by each
-    debug run, unless one is given)."""
+def _detect_anomalies() -> None:
+    """--debug: autograd's anomaly detection (a backward error names the forward op)."""
     import torch
 
-    from trainer.config import DEBUG_OVERRIDES, DEBUG_SUFFIX
-
     torch.autograd.set_detect_anomaly(True)
-    args.overrides = [*DEBUG_OVERRIDES, *args.overrides]
-    args.overwrite = args.overwrite or not args.resume
-    return DEBUG_SUFFIX
 
 
 def report(exc: UserError, rank: str) -> int:
