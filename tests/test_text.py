@@ -355,3 +355,11 @@ def test_reinforce_advantages_by_hand():
     advantage, reward = reinforce_advantages(ratings, mask, 0.5, normalize=False)
     assert torch.allclose(advantage, torch.tensor([[-0.125, -0.125, 0.0], [0.125, 0.125, 0.0]]))
     assert float(reward) == pytest.approx((0.5 * 2 + 0.75 * 3) / 5)
+
+
+def test_the_kl_estimate_by_hand():
+    from trainer.tasks.sequence_objectives import kl_estimate
+
+    # a token the generator gives 0.5 and the reference 0.25: r = log(0.25 / 0.5), exp(r) - r - 1
+    estimate = kl_estimate(torch.tensor([math.log(0.5), math.log(0.3)]), torch.tensor([math.log(0.25), math.log(0.3)]))
+    assert torch.allclose(estimate, torch.tensor([0.5 + math.log(2) - 1, 0.0]))
