@@ -388,7 +388,7 @@ def test_bench_prints_both_stages_the_published_values_and_the_frontier_goal(tmp
 def test_the_progress_bar_names_the_stage(tmp_path, monkeypatch, objective, name):
     from tqdm.auto import tqdm
 
-    from trainer import loop
+    from trainer import loop, outputs
     from trainer.config import load_config
 
     bars = []
@@ -397,7 +397,7 @@ def test_the_progress_bar_names_the_stage(tmp_path, monkeypatch, objective, name
         bars.append(kwargs["desc"])
         return tqdm(*args, **{**kwargs, "disable": True})
 
-    monkeypatch.setattr(loop, "tqdm", recording_bar)
+    monkeypatch.setattr(outputs, "tqdm", recording_bar)
     config = write_oracle_run(tmp_path, {"training": {"objective": objective, "max_steps": 1}})
     loop.Trainer(load_config(config), device="cpu").fit()
     assert bars == [name]

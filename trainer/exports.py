@@ -11,8 +11,7 @@ from accelerate import Accelerator
 from safetensors.torch import save_file
 from torch import nn
 
-from trainer import adapters
-from trainer.checkpoint import fsync_path, fsync_tree
+from trainer import adapters, checkpoint
 from trainer.weights import WEIGHTS_NAME
 
 
@@ -56,6 +55,6 @@ def publish(directory: Path, write: Callable[[Path], None], extras: Callable[[Pa
         extras(partial)
     if directory.exists():
         shutil.rmtree(directory)
-    fsync_tree(partial)
+    checkpoint.fsync_tree(partial)
     partial.rename(directory)
-    fsync_path(directory.parent)
+    checkpoint.fsync_path(directory.parent)
