@@ -212,15 +212,15 @@ def optimization(section: OptimizerSection, model: nn.Module, steps: int) -> tup
     return optimizer, scheduler
 
 
-def resume(accelerator: Accelerator, checkpoints: checkpoint.Checkpoints, resume: str, output_dir: Path) -> int | None:
-    """Load the checkpoint ``resume`` names, if there is one; the step it was taken at. Which
+def resume(accelerator: Accelerator, checkpoints: checkpoint.Checkpoints, which: str, output_dir: Path) -> int | None:
+    """Load the checkpoint ``which`` (``--resume``) names, if there is one; the step it was taken at. Which
     checkpoint (or none) changes what every rank does next: rank 0's choice is taken by all, and
     a rank that cannot read it fails them all."""
     acc = accelerator
-    path = collectives.agreed(acc, "finding the checkpoint", lambda: checkpoint.resolve_resume(resume, output_dir))
+    path = collectives.agreed(acc, "finding the checkpoint", lambda: checkpoint.resolve_resume(which, output_dir))
     path = collectives.from_main_process(acc, path, "the checkpoint to resume from")
     if path is None:
-        logger.info(f"--resume {resume}: no checkpoint in {output_dir}; starting fresh")
+        logger.info(f"--resume {which}: no checkpoint in {output_dir}; starting fresh")
         return None
     collectives.agreed(acc, "loading the checkpoint", lambda: checkpoints.load(path))
     step = checkpoints.parts["run"].step
