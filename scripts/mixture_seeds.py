@@ -7,7 +7,8 @@ beside PacGAN's (Lin et al., 2018, Table 1).
 
 Each run is `scripts/train_stage2.py` in its own process with one thread, `--jobs` of them side
 by side, into OUTPUT/LABEL/seed-N (log beside it, as seed-N.log); a run whose `final/` is
-already there is read, not run again. Rows give the mean and the range [min, max] over the
+already there is read, not run again, and one stopped before its end (a schedule of hours) goes
+on from its last checkpoint. Rows give the mean and the range [min, max] over the
 seeds of `modes`, `high_quality` and `reverse_kl` at the last eval, and how many seeds reach
 every mode.
 """
@@ -71,15 +72,17 @@ def last_eval(run_dir: Path) -> dict[str, float]:
 
 
 def run_one(config: str, run_dir: Path, seed: int, overrides: list[str]) -> dict[str, float]:
-    """One seed of one variant: trained unless its final export is there, then its last eval."""
+    """One seed of one variant: trained unless its final export is there (an interrupted run
+    goes on from its last checkpoint, its log appended to), then its last eval."""
     if not (run_dir / "final").is_dir():
         command = [sys.executable, str(ROOT / "scripts" / "train_stage2.py"), "--config", config]
         command += ["--device", "cpu", "--output-dir", str(run_dir), "--set", f"training.seed={seed}"]
+        command += ["--resume", "latest"]  # a fresh start where there is no checkpoint yet
         for override in overrides:
             command += ["--set", override]
         log = run_dir.with_suffix(".log")
         log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("w") as out:
+        with log.open("a") as out:
             done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **ONE_THREAD})
         if done.returncode != 0:
             raise SystemExit(f"seed {seed} ({run_dir}) exited {done.returncode}; see {log}")

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import ROOT
@@ -100,6 +102,35 @@ def test_mixture_seeds_prints_the_mean_and_range_of_each_variant(tmp_path):
         "0.0400]",
         "1/2",
     ]
+
+
+@pytest.mark.timeout(300)
+def test_mixture_seeds_continues_an_interrupted_run_from_its_last_checkpoint(tmp_path):
+    # a schedule of hours is rarely run in one go: a seed stopped at step 2 of 4 (its step-2
+    # checkpoint there, no final/) goes on from step 2 and ends where one run in one go ends
+    from helpers import SCRIPT, records, write_run
+
+    config = write_run(tmp_path, {"training": {"seed": 0}})
+
+    def train(output_dir: Path, *overrides: str) -> None:
+        command = [sys.executable, str(SCRIPT), "--config", str(config), "--device", "cpu"]
+        command += ["--output-dir", str(output_dir), *(a for o in overrides for a in ("--set", o))]
+        subprocess.run(command, check=True, capture_output=True, timeout=120)
+
+    whole, stopped = tmp_path / "whole", tmp_path / "seeds" / "as_configured" / "seed-0"
+    train(whole)
+    train(stopped, "training.max_steps=2")
+    shutil.rmtree(stopped / "final")
+    stopped.with_suffix(".log").write_text("the first leg's log\n")
+    command = [sys.executable, str(ROOT / "scripts" / "mixture_seeds.py"), str(config), "--seeds", "0"]
+    command += ["--output-dir", str(tmp_path / "seeds")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=200)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    log = stopped.with_suffix(".log").read_text()
+    assert log.startswith("the first leg's log\n") and "resumed from" in log and "step-0000002" in log, log
+    assert (stopped / "final").is_dir()
+    assert [r["step"] for r in records(stopped, "eval")] == [2, 4]
+    assert records(stopped, "eval")[-1] == records(whole, "eval")[-1]
 
 
 @pytest.mark.timeout(300)
