@@ -11,6 +11,8 @@ from helpers import PACGAN_DISCRIMINATOR, ROOT, launch, pacgan_models, records, 
 from torch import nn
 
 from trainer.cli import main
+from trainer.config import load_config
+from trainer.tasks import load_task
 from trainer.tasks.gaussian_mixture import Maxout, mlp
 
 
@@ -39,9 +41,24 @@ def test_a_maxout_unit_is_the_largest_of_its_pieces():
 def test_weights_drawn_with_the_init_std_and_biases_zero():
     torch.manual_seed(0)
     model = mlp(2, 400, 2, 2, batch_norm=False, init_std=0.02)
-    weights = torch.cat([m.weight.flatten() for m in model if isinstance(m, nn.Linear)])
+    weights = torch.cat([m.weight.detach().flatten() for m in model if isinstance(m, nn.Linear)])
     assert abs(float(weights.std()) - 0.02) < 0.001 and abs(float(weights.mean())) < 0.001
-    assert all(float(m.bias.abs().max()) == 0 for m in model if isinstance(m, nn.Linear))
+    assert all(float(m.bias.detach().abs().max()) == 0 for m in model if isinstance(m, nn.Linear))
+
+
+@pytest.mark.parametrize("per_place", [True, False])
+def test_packs_generated_per_place_take_each_place_from_its_own_forward(tmp_path, per_place):
+    # PacGAN's code fills each of a pack's m places by its own generator forward of batch/m
+    # latents: in training, BatchNorm normalises each place's samples by their own statistics
+    options = {"mixture": "grid", "packing": 4, "generate_per_place": per_place}
+    run = load_config(pacgan_run(tmp_path, {"task_options": options, "training": {"batch_size": 32}}))
+    task = load_task(run)
+    standardise = nn.BatchNorm1d(2, affine=False)  # a generator whose output is its batch standardised
+    fake = task.generate(standardise, 32, torch.Generator().manual_seed(0))
+    places = fake.reshape(8, 4, 2)  # as the discriminator sees them: 8 packs of 4 places
+    centred = [bool(places[:, place].mean(0).abs().max() < 1e-5) for place in range(4)]
+    assert centred == [per_place] * 4
+    assert float(fake.mean(0).abs().max()) < 1e-5  # the whole batch is centred either way
 
 
 @pytest.mark.timeout(120)
@@ -72,14 +89,18 @@ def test_the_ranks_running_statistics_agree_after_every_step(tmp_path):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mixture", ["grid", "ring"])
-def test_the_shipped_pacgan_configs_train_in_two_processes(tmp_path, mixture):
+@pytest.mark.parametrize(
+    ("mixture", "options"),
+    [("grid", []), ("ring", []), ("grid", ["task_options.generate_per_place=true"])],
+    ids=["grid", "ring", "grid-per-place"],
+)
+def test_the_shipped_pacgan_configs_train_in_two_processes(tmp_path, mixture, options):
     """configs/training/{grid,ring}_pacgan.yaml at a few steps: the paper's models, packing and
-    optimizer, 100 packs per step."""
+    optimizer, 100 packs per step (and each pack's places from their own forwards)."""
     config = ROOT / "configs" / "training" / f"{mixture}_pacgan.yaml"
     packing = yaml.safe_load(config.read_text())["task_options"]["packing"]
     tiny = ["training.max_steps=4", "training.eval_every=2", "training.save_every=2", "data.train_size=2000"]
-    tiny += ["eval.batch_size=500", f"output_dir={tmp_path / 'out'}"]
+    tiny += ["eval.batch_size=500", f"output_dir={tmp_path / 'out'}", *options]
     args = ["--config", str(config), "--device", "cpu", *[f"--set={item}" for item in tiny]]
     result = launch(args, 2)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -21,6 +21,10 @@ class GaussianMixtureOptions:
     mixture: Literal["ring", "grid"] = "ring"
     #: PacGAN packing: the discriminator judges this many samples at once
     packing: int = 1
+    #: fill each of a pack's places by its own generator forward of batch/packing latents, as
+    #: PacGAN's code does (in training, BatchNorm then normalises each place by its own
+    #: statistics); false: one forward of the whole batch
+    generate_per_place: bool = False
     #: write a scatter plot of generated vs real points at each eval (needs matplotlib)
     plot: bool = True
 
@@ -208,8 +212,12 @@ class GaussianMixtureTask(Task):
         return batch["points"]
 
     def generate(self, generator: nn.Module, num: int, rng: torch.Generator, batch: Any = None) -> torch.Tensor:
-        latent_dim = self.generator_config.latent_dim
-        return generator(torch.randn(num, latent_dim, generator=rng, device=rng.device))
+        latents = torch.randn(num, self.generator_config.latent_dim, generator=rng, device=rng.device)
+        if not self.options.generate_per_place:
+            return generator(latents)
+        # pack i holds the i-th sample of each forward, in the order score() reads them
+        places = [generator(part) for part in latents.chunk(self.options.packing)]
+        return torch.stack(places, dim=1).flatten(0, 1)
 
     def score(self, discriminator: nn.Module, samples: torch.Tensor) -> torch.Tensor:
         return discriminator(samples.reshape(-1, 2 * self.options.packing)).reshape(-1)
