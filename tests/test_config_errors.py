@@ -40,6 +40,10 @@ CASES = {
         ["train.yaml", "'training.batch_size' must be an integer", "'four'"],
     ),
     "batch size 0": (lambda d: d["training"].update(batch_size=0), ["'training.batch_size' must be at least 1"]),
+    "simultaneous updates with two D steps": (
+        lambda d: d["training"].update(updates="simultaneous", d_steps_per_g_step=2),
+        ["train.yaml", "key 'training.updates' is simultaneous", "training.d_steps_per_g_step: 1"],
+    ),
     "eval_every 0": (lambda d: d["training"].update(eval_every=0), ["'training.eval_every' must be at least 1"]),
     "bad literal": (
         lambda d: d["training"].update(loss="hinj"),

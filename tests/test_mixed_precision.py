@@ -9,6 +9,7 @@ from fixture_tasks import Overflow
 from helpers import records, use_scaler, write_run
 
 from trainer.config import load_config
+from trainer.errors import ConfigError
 from trainer.loop import Trainer
 
 
@@ -72,3 +73,15 @@ def test_the_models_compute_in_the_configured_precision_on_cpu(tmp_path, precisi
     assert seen == {"generator": {dtype}, "discriminator": {dtype}} and weights == {torch.float32}
     train = records(tmp_path / "out", "train")
     assert len(train) == 1 and all(torch.isfinite(torch.tensor(r["d_loss"])) for r in train)
+
+
+def test_simultaneous_updates_refuse_a_grad_scaler(tmp_path, monkeypatch):
+    # accelerate moves the scale inside each optimizer's step: with both gradients taken before
+    # either step, the second would be unscaled by the wrong scale
+    config = write_run(tmp_path, {"training": {"updates": "simultaneous"}})
+    use_scaler(monkeypatch, torch.amp.GradScaler("cpu", init_scale=2.0**16))
+    with pytest.raises(
+        ConfigError, match=r"train.yaml: key 'training.updates' is simultaneous, which fp16's GradScaler"
+    ):
+        Trainer(load_config(config), device="cpu").fit()
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()

@@ -34,18 +34,19 @@ def weights(directory):
 
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize(
-    ("processes", "ema", "models", "record_format"),
+    ("processes", "ema", "models", "record_format", "updates"),
     [
-        (1, 0.0, "mlp", 2),
-        (2, 0.0, "mlp", 2),
-        (1, 0.8, "mlp", 2),
-        (2, 0.8, "mlp", 2),
-        (1, 0.0, "pacgan", 2),
-        (2, 0.8, "pacgan", 2),
-        (2, 0.8, "mlp", 1),  # a checkpoint written before each part had its own key
+        (1, 0.0, "mlp", 2, "alternating"),
+        (2, 0.0, "mlp", 2, "alternating"),
+        (1, 0.8, "mlp", 2, "alternating"),
+        (2, 0.8, "mlp", 2, "alternating"),
+        (1, 0.0, "pacgan", 2, "alternating"),
+        (2, 0.8, "pacgan", 2, "alternating"),
+        (2, 0.0, "pacgan", 2, "simultaneous"),
+        (2, 0.8, "mlp", 1, "alternating"),  # a checkpoint written before each part had its own key
     ],
 )
-def test_resume_is_bit_identical(tmp_path, processes, ema, models, record_format):
+def test_resume_is_bit_identical(tmp_path, processes, ema, models, record_format, updates):
     # 40 samples in batches of 4 with 2 micro-batches per phase: the checkpoint at step 3
     # falls in the middle of an epoch, with Adam state, a decaying learning rate and the
     # noise generator all mid-way (and the average of the generator, from step 1 with warm-up).
@@ -63,6 +64,7 @@ def test_resume_is_bit_identical(tmp_path, processes, ema, models, record_format
                 "ema_decay": ema,
                 "ema_start": 1,
                 "ema_warmup": True,
+                "updates": updates,
             },
             "optim": {"generator": {"scheduler": "linear"}, "discriminator": {"scheduler": "cosine"}},
             "data": {"train_size": 40},

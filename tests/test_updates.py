@@ -27,9 +27,10 @@ def initial_models():
     return g, d
 
 
-def reference():
+def reference(d_steps=D_STEPS, simultaneous=False):
     """Plain torch: each D step sees all 8 real points (one epoch per D phase, whatever the
     split into processes and micro-batches) and the fixed latents; each G step the latents.
+    ``simultaneous``: both gradients at the step's starting weights, then both steps.
 
     Returns the final weights and, per step, the gradient norms of its last D phase (before
     clipping) and of its G phase."""
@@ -37,19 +38,24 @@ def reference():
     opt_g = torch.optim.Adam(g.parameters(), lr=LR_G, betas=(0.5, 0.999))
     opt_d = torch.optim.Adam(d.parameters(), lr=LR_D, betas=(0.5, 0.999))
     sched_g = get_scheduler("linear", opt_g, num_warmup_steps=1, num_training_steps=STEPS)
-    sched_d = get_scheduler("linear", opt_d, num_warmup_steps=1, num_training_steps=STEPS * D_STEPS)
+    sched_d = get_scheduler("linear", opt_d, num_warmup_steps=1, num_training_steps=STEPS * d_steps)
     real = sample_mixture("ring", TRAIN_SIZE, SEED)
     z = FIXED_LATENTS[:BATCH]
     norms = []
+
+    def step_d():
+        opt_d.step()
+        sched_d.step()
+
     for _ in range(STEPS):
-        for _ in range(D_STEPS):
+        for _ in range(d_steps):
             fake = g(z).detach()
             loss = F.softplus(-d(real)).mean() + F.softplus(d(fake)).mean()
             opt_d.zero_grad()
             loss.backward()
             norm_d = float(torch.nn.utils.clip_grad_norm_(d.parameters(), CLIP_D))
-            opt_d.step()
-            sched_d.step()
+            if not simultaneous:
+                step_d()
         opt_g.zero_grad()
         for p in d.parameters():
             p.requires_grad_(False)
@@ -59,6 +65,8 @@ def reference():
         norms.append(
             {"grad_norm_d": norm_d, "grad_norm_g": float(torch.nn.utils.get_total_norm(p.grad for p in g.parameters()))}
         )
+        if simultaneous:
+            step_d()
         opt_g.step()
         sched_g.step()
     return g.state_dict(), d.state_dict(), norms
@@ -69,7 +77,7 @@ def expected_lr(base, step, total):
     return base * (step / 1 if step < 1 else max(0.0, (total - step) / (total - 1)))
 
 
-def write_reference_run(tmp_path, accumulation, task="fixture_tasks:ReducerWatch"):
+def write_reference_run(tmp_path, accumulation, task="fixture_tasks:ReducerWatch", d_steps=D_STEPS, updates=None):
     g, d = initial_models()
     save_file(g.state_dict(), str(tmp_path / "g.safetensors"))
     save_file(d.state_dict(), str(tmp_path / "d.safetensors"))
@@ -81,8 +89,9 @@ def write_reference_run(tmp_path, accumulation, task="fixture_tasks:ReducerWatch
                 "max_steps": STEPS,
                 "batch_size": BATCH,
                 "gradient_accumulation_steps": accumulation,
-                "d_steps_per_g_step": D_STEPS,
+                "d_steps_per_g_step": d_steps,
                 "seed": SEED,
+                **({"updates": updates} if updates else {}),
                 "eval_every": 100,
                 "save_every": 100,
             },
@@ -96,15 +105,8 @@ def write_reference_run(tmp_path, accumulation, task="fixture_tasks:ReducerWatch
     )
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("processes", [1, 2])
-def test_updates_equal_reference(tmp_path, processes):
-    # Same micro-batch size, so 1 x 4 and 2 x 2 micro-batches make the same global batch.
-    accumulation = 4 // processes
-    config = write_reference_run(tmp_path, accumulation)
-    check(launch(["--config", str(config), "--device", "cpu"], processes))
-    out = tmp_path / "out"
-    ref_g, ref_d, _ = reference()
+def assert_weights(out, ref_g, ref_d):
+    """The run's final weights are the reference's, and training moved them."""
     got_g = load_file(out / "final" / "generator" / "model.safetensors")
     got_d = load_file(out / "final" / "discriminator" / "model.safetensors")
     initial_g, _ = initial_models()
@@ -114,6 +116,9 @@ def test_updates_equal_reference(tmp_path, processes):
     for key, value in ref_d.items():
         torch.testing.assert_close(got_d[key], value, rtol=1e-5, atol=1e-6)
 
+
+def assert_train_records(out, processes, accumulation):
+    """Steps, learning rates and phase counts of the records; the data position."""
     train = records(out, "train")
     assert [r["step"] for r in train] == [1, 2, 3]
     assert all(r["world_size"] == processes for r in train)
@@ -127,6 +132,35 @@ def test_updates_equal_reference(tmp_path, processes):
     state = json.loads((out / "checkpoints" / "step-0000003" / "trainer_state.json").read_text())
     batches_per_epoch = TRAIN_SIZE // (BATCH * processes)
     assert state["data"]["epoch"] * batches_per_epoch + state["data"]["position"] == STEPS * D_STEPS * accumulation
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("processes", [1, 2])
+def test_updates_equal_reference(tmp_path, processes):
+    # Same micro-batch size, so 1 x 4 and 2 x 2 micro-batches make the same global batch.
+    accumulation = 4 // processes
+    config = write_reference_run(tmp_path, accumulation)
+    check(launch(["--config", str(config), "--device", "cpu"], processes))
+    out = tmp_path / "out"
+    assert_weights(out, *reference()[:2])
+    assert_train_records(out, processes, accumulation)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("processes", [1, 2])
+def test_simultaneous_updates_take_both_gradients_at_the_steps_starting_weights(tmp_path, processes):
+    # training.updates simultaneous (PacGAN's and ALI's code): the G gradient against the
+    # discriminator as it was before its step, the D gradient on samples of the generator as
+    # it was before its own; then both steps
+    config = write_reference_run(tmp_path, 4 // processes, d_steps=1, updates="simultaneous")
+    check(launch(["--config", str(config), "--device", "cpu"], processes))
+    out = tmp_path / "out"
+    assert_weights(out, *reference(d_steps=1, simultaneous=True)[:2])
+    assert [r["world_size"] for r in records(out, "train")] == [processes] * STEPS
+    # not the alternating order's weights
+    alternating_g = reference(d_steps=1)[0]
+    got_g = load_file(out / "final" / "generator" / "model.safetensors")
+    assert any(not torch.allclose(got_g[k], v, rtol=1e-5, atol=1e-6) for k, v in alternating_g.items())
 
 
 @pytest.mark.timeout(120)

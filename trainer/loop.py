@@ -28,7 +28,7 @@ from trainer import adapters, checkpoint, collectives, peer_watch, run_parts, wo
 from trainer.checkpoint import Checkpoints, TrainState
 from trainer.config import RunConfig
 from trainer.ema import GeneratorEma
-from trainer.errors import NonFiniteError
+from trainer.errors import ConfigError, NonFiniteError
 from trainer.logs import ensure_logging
 from trainer.metrics import MetricsLog, finish_trackers, resolve_trackers, start_trackers
 from trainer.outputs import RunOutputs
@@ -150,6 +150,15 @@ class Trainer:
         self.watchdog.peers = world.check_devices(acc)
         if t.mixed_precision == "fp16" and acc.device.type == "cpu" and acc.scaler is None:
             logger.warning("fp16 was requested but accelerate runs fp32 on the CPU (no autocast, no GradScaler)")
+        if t.updates == "simultaneous" and acc.scaler is not None:
+            # accelerate updates the scale inside each optimizer's step(): the second step
+            # would unscale gradients scaled by the first step's scale
+            error = ConfigError(
+                f"{self.run.source}: key 'training.updates' is simultaneous, which fp16's GradScaler "
+                "cannot serve (its scale may change between the two steps); use mixed_precision bf16 or no"
+            )
+            error.agreed = True  # the config and the accelerate setup are the same on every rank
+            raise error
         set_seed(t.seed)
         task.prepare_frozen = functools.partial(run_parts.place_frozen, acc)
         adapters.checkpoint_adapters_only(acc)
@@ -195,9 +204,14 @@ class Trainer:
 
     # -- one optimizer step ------------------------------------------------------------------
     def run_phase(self, phase: Phase) -> None:
-        """One optimizer step of ``phase``: its micro-batches under accelerate's accumulate()
-        (DDP syncs on the last), then its optimizer step (:meth:`Phase.step_optimizer`), the
-        skip check and what follows the step; ``phase.frozen`` held still."""
+        """One optimizer step of ``phase``: its gradients (:meth:`compute_gradients`), then its
+        step (:meth:`finish_step`)."""
+        self.compute_gradients(phase)
+        self.finish_step(phase)
+
+    def compute_gradients(self, phase: Phase) -> None:
+        """The gradients of ``phase``: its micro-batches under accelerate's accumulate() (DDP
+        syncs on the last); ``phase.frozen`` held still."""
         accumulation = self.config.training.gradient_accumulation_steps
         with frozen(phase.frozen):
             for _ in range(accumulation):
@@ -208,6 +222,10 @@ class Trainer:
                     loss, parts = phase.loss(batch)
                     collectives.backward(self.accelerator, loss, phase.role)
                 phase.record(loss, parts)
+
+    def finish_step(self, phase: Phase) -> None:
+        """The optimizer step of ``phase`` on its gradients (:meth:`Phase.step_optimizer`), the
+        skip check and what follows the step."""
         # The gradients were all-reduced by DDP, so whether they are finite is the same on every
         # rank: a NaN produced on one rank reaches all of them, and every rank skips together.
         log_norm = self.outputs.logs_at(self.state.step + 1)
@@ -236,7 +254,8 @@ class Trainer:
     @watched
     def train_step(self) -> str | None:
         """One optimizer step on every rank: the D phases, then the G phase (stage 1 trains one
-        model alone, see ``training.objective``). Returns the cause of a stop asked on any rank
+        model alone, see ``training.objective``; ``training.updates: simultaneous`` takes both
+        gradients before either step). Returns the cause of a stop asked on any rank
         by now, agreed by all ("a stop signal", "training.max_time"), or None."""
         t = self.config.training
         # The one agreement of the step: a stop asked on any rank by now stops every rank at
@@ -245,11 +264,19 @@ class Trainer:
         stop = collectives.AnyRank(self.accelerator, [time_up, self.signals.received is not None], "per-step agreement")
         # The first step may build caches, kernels and communicators: it gets a longer bound.
         with HEARTBEAT.long_work("first step") if self._steps_run == 0 else contextlib.nullcontext():
-            if t.objective != "mle":
-                for _ in range(t.d_steps_per_g_step):
-                    self.run_phase(self.d)
-            if t.objective != "discriminator":
-                self.run_phase(self.g)
+            if t.updates == "simultaneous":
+                # Both gradients at the step's starting weights, then both steps: D's gradients
+                # wait in D (frozen, untouched, through the G phase).
+                self.compute_gradients(self.d)
+                self.compute_gradients(self.g)
+                self.finish_step(self.d)
+                self.finish_step(self.g)
+            else:
+                if t.objective != "mle":
+                    for _ in range(t.d_steps_per_g_step):
+                        self.run_phase(self.d)
+                if t.objective != "discriminator":
+                    self.run_phase(self.g)
             for phase in (self.d, self.g):
                 collectives.share_running_statistics(
                     self.accelerator, phase.unwrapped, f"{phase.role} running statistics"

@@ -92,6 +92,10 @@ class TrainingSection:
     #: discriminator optimizer steps per generator step; 0: the discriminator is frozen, a
     #: fixed reward model (no optimizer, no gradients, not wrapped by DDP)
     d_steps_per_g_step: int = 1
+    #: "alternating": the discriminator steps, then the generator against the stepped one;
+    #: "simultaneous": both gradients at the step's starting weights, then both steps (the
+    #: order of PacGAN's and ALI's code; one D step per G step, no fp16 GradScaler)
+    updates: Literal["alternating", "simultaneous"] = "alternating"
     eval_every: int = 500
     save_every: int = 1000
     log_every: int = 50
@@ -144,6 +148,13 @@ class TrainingSection:
             source,
             "training.d_steps_per_g_step",
             "is 0 (a frozen discriminator) with training.objective discriminator, which trains nothing",
+        )
+        require(
+            self.updates == "alternating" or (self.d_steps_per_g_step == 1 and self.objective == "adversarial"),
+            source,
+            "training.updates",
+            "is simultaneous, which takes one discriminator step per generator step "
+            "(training.d_steps_per_g_step: 1, training.objective: adversarial)",
         )
         for name in ("num_workers", "gp_weight", "ema_start", "r1_weight"):
             require(getattr(self, name) >= 0, source, f"training.{name}", "must be 0 or more")
