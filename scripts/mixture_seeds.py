@@ -86,6 +86,11 @@ def run_one(config: str, run_dir: Path, seed: int, overrides: list[str]) -> dict
             done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **ONE_THREAD})
         if done.returncode != 0:
             raise SystemExit(f"seed {seed} ({run_dir}) exited {done.returncode}; see {log}")
+        if not (run_dir / "final").is_dir():  # a signal or training.max_time: saved, then exit 0
+            raise SystemExit(
+                f"seed {seed} ({run_dir}) stopped before its end; run the command again to continue it "
+                "from its last checkpoint"
+            )
     return last_eval(run_dir)
 
 

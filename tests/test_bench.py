@@ -134,6 +134,21 @@ def test_mixture_seeds_continues_an_interrupted_run_from_its_last_checkpoint(tmp
 
 
 @pytest.mark.timeout(300)
+def test_mixture_seeds_stops_when_a_seed_stops_before_its_end(tmp_path):
+    # a run stopped by a signal or training.max_time exits 0 with a checkpoint and no final/:
+    # its last eval is not the seed's result
+    from helpers import write_run
+
+    config = write_run(tmp_path, {"training": {"max_time": 1e-6}})
+    command = [sys.executable, str(ROOT / "scripts" / "mixture_seeds.py"), str(config), "--seeds", "0"]
+    done = subprocess.run(
+        command + ["--output-dir", str(tmp_path / "seeds")], capture_output=True, text=True, timeout=200
+    )
+    assert done.returncode != 0 and "stopped before its end" in done.stderr, done.stdout + done.stderr[-3000:]
+    assert "run the command again" in done.stderr and "last eval" not in done.stdout
+
+
+@pytest.mark.timeout(300)
 def test_bench_peft_prints_each_variant_and_the_ratios(tmp_path):
     pytest.importorskip("peft")
     command = [sys.executable, str(ROOT / "scripts" / "bench_peft.py"), "--size", "tiny", "--steps", "1"]
