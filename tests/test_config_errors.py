@@ -246,11 +246,22 @@ def test_a_stage1_part_s_settings_in_their_order_of_precedence():
         == "mle"
     )  # what the part must be beats everything
     # reported: the section's max_steps replaced by --set; not its lr, which the user set for the part
-    assert overridden_by_command_line("generator", section, common) == {"training.max_steps": 5}
+    assert overridden_by_command_line("generator", section, common) == {"training.max_steps": (9, 5)}
     assert overridden_by_command_line("discriminator", section, common) == {
-        "training.max_steps": 5,
-        "optim.generator.lr": 0.2,
+        "training.max_steps": (9, 5),
+        "optim.generator.lr": (0.1, 0.2),
     }
+
+
+def test_a_stage1_section_value_replaced_by_the_command_line_is_logged_with_both_values(caplog):
+    import logging
+
+    from trainer.stages import _report_overridden
+
+    caplog.set_level(logging.INFO, logger="trainer")
+    _report_overridden("stage1.generator", {"training.max_steps": (9, 5)})
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["stage1.generator: the command line's training.max_steps=5 replaces the config's 9"]
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ from typing import Any
 
 from trainer import collectives
 from trainer.config import RunConfig, load_config, overridden_by_command_line, stage1_part_overrides
-from trainer.config.overrides import dotted, override_mapping
+from trainer.config.overrides import override_mapping
 from trainer.config.schema import read_yaml
 from trainer.loop import Trainer
 
@@ -107,7 +107,7 @@ def fit_stage1(
     }
     for part, (name, defaults_and_fixed, run_dir) in parts.items():
         section = getattr(base.config.stage1, part)
-        _report_overridden(f"stage1.{part}", section, overridden_by_command_line(part, section, common))
+        _report_overridden(f"stage1.{part}", overridden_by_command_line(part, section, common))
 
         def build(part=part, defaults_and_fixed=defaults_and_fixed, section=section, run_dir=run_dir):
             overrides = stage1_part_overrides(part, section, common, *defaults_and_fixed())
@@ -120,14 +120,13 @@ def fit_stage1(
     return result
 
 
-def _report_overridden(section_name: str, section: dict[str, Any], replaced: dict[str, Any]) -> None:
+def _report_overridden(section_name: str, replaced: dict[str, tuple[Any, Any]]) -> None:
     """Log (on rank 0, before any Accelerator exists) each key of a stage section that the
     command line sets to another value."""
     if os.environ.get("RANK", "0") != "0":
         return
-    values = dotted(section)
-    for key, value in replaced.items():
-        logger.info(f"{section_name}: the command line's {key}={value} replaces the config's {values[key]}")
+    for key, (configured, value) in replaced.items():
+        logger.info(f"{section_name}: the command line's {key}={value} replaces the config's {configured}")
 
 
 def fit_pipeline(

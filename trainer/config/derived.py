@@ -32,13 +32,15 @@ def stage1_part_overrides(
     return {**defaults, **dotted(section), **common, **specific, **fixed}
 
 
-def overridden_by_command_line(part: str, section: dict[str, Any], common: dict[str, Any]) -> dict[str, Any]:
+def overridden_by_command_line(
+    part: str, section: dict[str, Any], common: dict[str, Any]
+) -> dict[str, tuple[Any, Any]]:
     """The keys of the config's ``stage1.<part>`` section that the command line's plain ``--set``
-    sets to another value (a ``--set stage1.<part>.KEY`` is the user's own choice), with the
-    command line's value."""
+    sets to another value (a ``--set stage1.<part>.KEY`` is the user's own choice), each with
+    (the section's value, the command line's)."""
     prefix = f"stage1.{part}."
     return {
-        key: common[key]
+        key: (value, common[key])
         for key, value in dotted(section).items()
         if key in common and common[key] != value and prefix + key not in common
     }
