@@ -62,6 +62,12 @@ def test_the_gpu_check_runs_its_parts_on_the_cpu(tmp_path):
     assert re.search(r"flushing its files to disk before the rename that publishes them [\d.]+ s", table), table
 
 
+def mixture_seeds(config: Path, output_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    """scripts/mixture_seeds.py on ``config`` into ``output_dir``, with a hard timeout."""
+    command = [sys.executable, str(ROOT / "scripts" / "mixture_seeds.py"), str(config), "--output-dir", str(output_dir)]
+    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=250)
+
+
 @pytest.mark.timeout(300)
 def test_mixture_seeds_prints_the_mean_and_range_of_each_variant(tmp_path):
     import json
@@ -80,9 +86,7 @@ def test_mixture_seeds_prints_the_mean_and_range_of_each_variant(tmp_path):
         lines = [{"step": 2, "split": "eval", "modes": 1, "high_quality": 0.0, "reverse_kl": 2.0}]
         lines.append({"step": 4, "split": "eval", **last})
         (out / "no_EMA" / f"seed-{seed}" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    command = [sys.executable, str(ROOT / "scripts" / "mixture_seeds.py"), str(config), "--seeds", "0", "1"]
-    command += ["--jobs", "2", "--output-dir", str(out), "--variant", "no EMA:training.ema_decay=0"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=280)
+    done = mixture_seeds(config, out, "--seeds", "0", "1", "--jobs", "2", "--variant", "no EMA:training.ema_decay=0")
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     rows = {line[:18].strip(): line[18:].split() for line in done.stdout.splitlines()[2:]}
     assert list(rows) == ["as configured", "no EMA", "PacGAN2 (paper)"], done.stdout
@@ -108,23 +112,16 @@ def test_mixture_seeds_prints_the_mean_and_range_of_each_variant(tmp_path):
 def test_mixture_seeds_continues_an_interrupted_run_from_its_last_checkpoint(tmp_path):
     # a schedule of hours is rarely run in one go: a seed stopped at step 2 of 4 (its step-2
     # checkpoint there, no final/) goes on from step 2 and ends where one run in one go ends
-    from helpers import SCRIPT, records, write_run
+    from helpers import check, launch, records, write_run
 
     config = write_run(tmp_path, {"training": {"seed": 0}})
-
-    def train(output_dir: Path, *overrides: str) -> None:
-        command = [sys.executable, str(SCRIPT), "--config", str(config), "--device", "cpu"]
-        command += ["--output-dir", str(output_dir), *(a for o in overrides for a in ("--set", o))]
-        subprocess.run(command, check=True, capture_output=True, timeout=120)
-
     whole, stopped = tmp_path / "whole", tmp_path / "seeds" / "as_configured" / "seed-0"
-    train(whole)
-    train(stopped, "training.max_steps=2")
+    args = ["--config", str(config), "--device", "cpu", "--output-dir"]
+    check(launch([*args, str(whole)], 1))
+    check(launch([*args, str(stopped), "--set", "training.max_steps=2"], 1))
     shutil.rmtree(stopped / "final")
     stopped.with_suffix(".log").write_text("the first leg's log\n")
-    command = [sys.executable, str(ROOT / "scripts" / "mixture_seeds.py"), str(config), "--seeds", "0"]
-    command += ["--output-dir", str(tmp_path / "seeds")]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=200)
+    done = mixture_seeds(config, tmp_path / "seeds", "--seeds", "0")
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     log = stopped.with_suffix(".log").read_text()
     assert log.startswith("the first leg's log\n") and "resumed from" in log and "step-0000002" in log, log
@@ -140,10 +137,7 @@ def test_mixture_seeds_stops_when_a_seed_stops_before_its_end(tmp_path):
     from helpers import write_run
 
     config = write_run(tmp_path, {"training": {"max_time": 1e-6}})
-    command = [sys.executable, str(ROOT / "scripts" / "mixture_seeds.py"), str(config), "--seeds", "0"]
-    done = subprocess.run(
-        command + ["--output-dir", str(tmp_path / "seeds")], capture_output=True, text=True, timeout=200
-    )
+    done = mixture_seeds(config, tmp_path / "seeds", "--seeds", "0")
     assert done.returncode != 0 and "stopped before its end" in done.stderr, done.stdout + done.stderr[-3000:]
     assert "run the command again" in done.stderr and "last eval" not in done.stdout
 
