@@ -9,8 +9,9 @@ Each run is `scripts/train_stage2.py` in its own process with one thread, `--job
 by side, into OUTPUT/LABEL/seed-N (log beside it, as seed-N.log); a run whose `final/` is
 already there is read, not run again, and one stopped before its end (a schedule of hours) goes
 on from its last checkpoint. Rows give the mean and the range [min, max] over the
-seeds of `modes`, `high_quality` and `reverse_kl` at the last eval, and how many seeds reach
-every mode.
+seeds of `modes`, `high_quality` and `reverse_kl` at the last eval (or each seed's mean over its
+last K evals, `--last K`: late evals move by points from one to the next), and how many seeds
+reach every mode.
 """
 
 from __future__ import annotations
@@ -51,6 +52,13 @@ def parser() -> argparse.ArgumentParser:
         help="a second row of runs with these overrides (repeatable); the config as it is comes first",
     )
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=value")
+    p.add_argument(
+        "--last",
+        type=int,
+        default=1,
+        metavar="K",
+        help="score each seed by the mean of its last K evals (default 1: the last eval, as the paper)",
+    )
     return p
 
 
@@ -62,18 +70,21 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
     return label.strip(), [o.strip() for o in overrides.split(",") if o.strip()]
 
 
-def last_eval(run_dir: Path) -> dict[str, float]:
-    """The last eval record of a finished run."""
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+def last_evals(run_dir: Path, count: int) -> dict[str, float]:
+    """Each metric's mean over the last ``count`` eval records of a finished run (``modes`` is
+    the full count only where each of them reached every mode)."""
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines()
     evals = [r for r in map(json.loads, filter(str.strip, lines)) if r.get("split") == "eval"]
-    if not evals:
-        raise SystemExit(f"{run_dir / 'metrics.jsonl'}: no eval record")
-    return evals[-1]
+    if len(evals) < count:
+        raise SystemExit(f"{path}: {len(evals)} eval records, fewer than --last {count}")
+    last = evals[-count:]
+    return {m: mean(r[m] for r in last) for m in METRICS}
 
 
-def run_one(config: str, run_dir: Path, seed: int, overrides: list[str]) -> dict[str, float]:
+def run_one(config: str, run_dir: Path, seed: int, overrides: list[str], count: int) -> dict[str, float]:
     """One seed of one variant: trained unless its final export is there (an interrupted run
-    goes on from its last checkpoint, its log appended to), then its last eval."""
+    goes on from its last checkpoint, its log appended to), then its last ``count`` evals."""
     if not (run_dir / "final").is_dir():
         command = [sys.executable, str(ROOT / "scripts" / "train_stage2.py"), "--config", config]
         command += ["--device", "cpu", "--output-dir", str(run_dir), "--set", f"training.seed={seed}"]
@@ -91,7 +102,7 @@ def run_one(config: str, run_dir: Path, seed: int, overrides: list[str]) -> dict
                 f"seed {seed} ({run_dir}) stopped before its end; run the command again to continue it "
                 "from its last checkpoint"
             )
-    return last_eval(run_dir)
+    return last_evals(run_dir, count)
 
 
 def row(label: str, finals: list[dict[str, float]]) -> str:
@@ -106,6 +117,8 @@ def row(label: str, finals: list[dict[str, float]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.last < 1:
+        parser().error(f"--last {args.last}: expected 1 or more evals")
     import yaml
 
     mixture = yaml.safe_load(Path(args.config).read_text())["task_options"]["mixture"]
@@ -114,8 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(label, seed, [*args.overrides, *overrides]) for label, overrides in variants for seed in args.seeds]
     folder = {label: label.replace(" ", "_").replace("/", "_") for label, _ in variants}
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        finals = list(pool.map(lambda j: run_one(args.config, out / folder[j[0]] / f"seed-{j[1]}", j[1], j[2]), jobs))
-    print(f"{args.config}, seeds {' '.join(map(str, args.seeds))}, last eval: mean [min, max]")
+        finals = list(
+            pool.map(lambda j: run_one(args.config, out / folder[j[0]] / f"seed-{j[1]}", j[1], j[2], args.last), jobs)
+        )
+    scored = "last eval" if args.last == 1 else f"mean of each seed's last {args.last} evals"
+    print(f"{args.config}, seeds {' '.join(map(str, args.seeds))}, {scored}: mean [min, max]")
     print(f"{'':18}" + "".join(f"{m:>28}" for m in METRICS) + "   seeds with every mode")
     modes_all = 8 if mixture == "ring" else 25
     for i, (label, _) in enumerate(variants):

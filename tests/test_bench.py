@@ -108,6 +108,40 @@ def test_mixture_seeds_prints_the_mean_and_range_of_each_variant(tmp_path):
     ]
 
 
+@pytest.mark.timeout(120)
+def test_mixture_seeds_averages_each_seed_over_its_last_evals(tmp_path):
+    # a late eval moves by points from one to the next: --last K scores each seed by the mean of
+    # its last K evals; a run with fewer evals than that is one error line, not a shorter mean
+    import json
+
+    from helpers import write_run
+
+    config = write_run(tmp_path, {})
+    out = tmp_path / "seeds"
+    evals = {
+        0: [(1, 0.0, 2.0), (8, 0.9, 0.02), (8, 0.7, 0.06)],
+        1: [(1, 0.0, 2.0), (7, 0.8, 0.10), (8, 0.6, 0.02)],
+    }
+    for seed, rows in evals.items():
+        run_dir = out / "as_configured" / f"seed-{seed}"
+        (run_dir / "final").mkdir(parents=True)
+        lines = [{"step": 0, "split": "train", "d_loss": 1.0}]  # other records are not evals
+        for step, (modes, quality, kl) in enumerate(rows):
+            lines.append({"step": step, "split": "eval", "modes": modes, "high_quality": quality, "reverse_kl": kl})
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    done = mixture_seeds(config, out, "--seeds", "0", "1", "--last", "2")
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "mean of each seed's last 2 evals" in done.stdout.splitlines()[0], done.stdout
+    cells = done.stdout.splitlines()[2].split()
+    # seed 0: 8 modes, 0.8, 0.04; seed 1: 7.5, 0.7, 0.06; a seed reaches every mode when each
+    # of its last evals does
+    assert cells[2:5] == ["7.8", "[7.5,", "8.0]"] and cells[5:8] == ["0.7500", "[0.7000,", "0.8000]"]
+    assert cells[8:] == ["0.0500", "[0.0400,", "0.0600]", "1/2"]
+    done = mixture_seeds(config, out, "--seeds", "0", "1", "--last", "4")
+    assert done.returncode != 0 and done.stdout == "", done.stdout
+    assert "metrics.jsonl: 3 eval records, fewer than --last 4" in done.stderr, done.stderr[-3000:]
+
+
 @pytest.mark.timeout(300)
 def test_mixture_seeds_continues_an_interrupted_run_from_its_last_checkpoint(tmp_path):
     # a schedule of hours is rarely run in one go: a seed stopped at step 2 of 4 (its step-2
