@@ -100,6 +100,8 @@ RUN = {
     'python scripts/mixture_seeds.py configs/training/grid.yaml --variant "no EMA:training.ema_decay=0" --jobs 2': (
         MIXTURE_TINY
     ),
+    "python scripts/mixture_seeds.py configs/training/ring_pacgan.yaml --set training.max_steps=20000 "
+    "--output-dir outputs/pacgan_short/ring": [*MIXTURE_TINY, "--set", "data.train_size=4000"],
     "python scripts/run_oracle.py --device cpu": ORACLE_TINY,
     "python scripts/run_oracle.py --device cpu --stage2-config configs/training/stage2_ddo.yaml": ORACLE_TINY,
     "python scripts/run_oracle.py --device cpu --stage2-config configs/training/stage2_spin.yaml": ORACLE_TINY,
@@ -185,9 +187,11 @@ def test_readme_command_runs(tmp_path, command):
     elif "stage1" in command:
         assert (tmp_path / "out" / "best" / "discriminator" / "config.json").is_file()
     elif "mixture_seeds" in command:
-        rows = [line.split()[:2] for line in result.stdout.splitlines()[2:]]
-        assert [row[0] for row in rows] == ["as", "no", "PacGAN2" if "ring" in command else "PacGAN4"], result.stdout
-        for variant in ("as_configured", "no_EMA"):
+        variants = ["as_configured", "no_EMA"] if "--variant" in command else ["as_configured"]
+        rows = [line.split()[0] for line in result.stdout.splitlines()[2:]]
+        paper = "PacGAN2" if "ring" in command else "PacGAN4"
+        assert rows == [variant.split("_")[0] for variant in variants] + [paper], result.stdout
+        for variant in variants:
             assert {r["world_size"] for r in records(tmp_path / "out" / variant / "seed-0")} == {1}
     else:
         processes = 2 if ("torchrun" in command or "launch" in command) else 1
