@@ -116,9 +116,10 @@ def row(label: str, finals: list[dict[str, float]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    arguments = parser()
+    args = arguments.parse_args(argv)
     if args.last < 1:
-        parser().error(f"--last {args.last}: expected 1 or more evals")
+        arguments.error(f"--last {args.last}: expected 1 or more evals")
     import yaml
 
     mixture = yaml.safe_load(Path(args.config).read_text())["task_options"]["mixture"]
