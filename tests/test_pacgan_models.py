@@ -72,10 +72,12 @@ def test_one_maxout_piece_is_one_line(tmp_path, capsys):
 
 
 @pytest.mark.timeout(300)
-def test_the_ranks_running_statistics_agree_after_every_step(tmp_path):
+@pytest.mark.parametrize("refresh", [0, 3])
+def test_the_ranks_running_statistics_agree_after_every_step(tmp_path, refresh):
     # Each rank's batch differs, so its own running statistics would too; the average
-    # (training.ema_decay, with buffers) follows them.
-    config = pacgan_run(tmp_path, {"training": {"max_steps": 5, "ema_decay": 0.5, "eval_every": 2}})
+    # (training.ema_decay, with buffers) follows them, and so do those refreshed at each eval.
+    training = {"max_steps": 5, "ema_decay": 0.5, "eval_every": 2}
+    config = pacgan_run(tmp_path, {"training": training, "eval": {"batch_norm_refresh": refresh}})
     result = launch([str(config), str(tmp_path)], 2, script=ROOT / "tests" / "batch_norm_ranks.py")
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]

@@ -50,11 +50,13 @@ def test_resume_is_bit_identical(tmp_path, processes, ema, models, record_format
     # 40 samples in batches of 4 with 2 micro-batches per phase: the checkpoint at step 3
     # falls in the middle of an epoch, with Adam state, a decaying learning rate and the
     # noise generator all mid-way (and the average of the generator, from step 1 with warm-up).
-    # PacGAN's models add BatchNorm's running statistics (and maxout) to what must resume.
+    # PacGAN's models add BatchNorm's running statistics (and maxout) to what must resume; in
+    # 2 processes, refreshed before each eval.
     config = write_run(
         tmp_path,
         {
             **({"model": pacgan_models(tmp_path)} if models == "pacgan" else {}),
+            **({"eval": {"batch_norm_refresh": 2}} if models == "pacgan" and processes == 2 else {}),
             "training": {
                 "max_steps": 6,
                 "save_every": 3,

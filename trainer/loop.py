@@ -24,7 +24,7 @@ from accelerate.logging import get_logger
 from accelerate.utils import set_seed
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from trainer import adapters, checkpoint, collectives, peer_watch, run_parts, world
+from trainer import adapters, batch_norm, checkpoint, collectives, peer_watch, run_parts, world
 from trainer.checkpoint import Checkpoints, TrainState
 from trainer.config import RunConfig
 from trainer.ema import GeneratorEma
@@ -168,6 +168,7 @@ class Trainer:
             acc, "reading the models and data", lambda: run_parts.read_inputs(task, cfg)
         )
         run_parts.set_modes(generator, discriminator, t, cfg.model.disable_dropout)
+        batch_norm.check_refresh(cfg.eval.batch_norm_refresh, generator, self.run.source)
         # the average starts as a copy of the generator before accelerate wraps it
         self.ema = GeneratorEma(generator, t.ema_decay, t.ema_start, t.ema_warmup, acc.device) if t.ema_decay else None
         generator, discriminator, train_loader, eval_loader = run_parts.prepare(

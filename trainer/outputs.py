@@ -17,7 +17,7 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from tqdm.auto import tqdm
 
-from trainer import collectives, exports, world
+from trainer import batch_norm, collectives, exports, world
 from trainer.checkpoint import Checkpoints, TrainState
 from trainer.config import Config
 from trainer.ema import GeneratorEma
@@ -128,10 +128,22 @@ class RunOutputs:
     @watched
     def score(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         """The eval of the generator the run ships (the average, when ``training.ema_decay``
-        is on: then the metrics say ``"generator": "ema"``) against the discriminator."""
+        is on: then the metrics say ``"generator": "ema"``) against the discriminator; with
+        ``eval.batch_norm_refresh``, its BatchNorm statistics first refreshed at this step."""
         generator = self.g.model if self.ema is None else self.ema.model
+        if self.config.eval.batch_norm_refresh:
+            self._refresh_statistics(self.accelerator.unwrap_model(generator))
         metrics, outputs = evaluate(self.accelerator, self.task, generator, self.d.model, self.eval_loader)
         return (metrics if self.ema is None else {**metrics, "generator": "ema"}), outputs
+
+    def _refresh_statistics(self, generator: torch.nn.Module) -> None:
+        # Drawn alike on every rank; rank 0's are then shared all the same, as after each step,
+        # so that no difference between devices' kernels can leave two models.
+        t = self.config.training
+        rng = torch.Generator(device=self.accelerator.device)
+        rng.manual_seed(batch_norm.refresh_seed(t.seed, self.state.step))
+        batch_norm.refresh_statistics(self.task, generator, self.config.eval.batch_norm_refresh, t.batch_size, rng)
+        collectives.share_running_statistics(self.accelerator, generator, "refreshed generator statistics")
 
     @watched
     def run_eval(self) -> dict[str, Any]:

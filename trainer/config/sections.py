@@ -167,10 +167,15 @@ class EvalSection:
     batch_size: int = 256
     #: text recipes: generate from each eval sequence's first tokens (0: unconditional)
     prefix_len: int = 0
+    #: before each eval, the generator's BatchNorm statistics recomputed as their average over
+    #: this many batches of training.batch_size generated at the current weights (PacGAN's code
+    #: refreshes them after every epoch); 0: those training left
+    batch_norm_refresh: int = 0
 
     def check(self, source: str) -> None:
         require(self.batch_size >= 1, source, "eval.batch_size", "must be at least 1")
         require(self.prefix_len >= 0, source, "eval.prefix_len", "must be 0 or more")
+        require(self.batch_norm_refresh >= 0, source, "eval.batch_norm_refresh", "must be 0 or more")
 
 
 @dataclass
