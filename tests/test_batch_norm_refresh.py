@@ -107,3 +107,25 @@ def test_a_refresh_that_cannot_run_is_one_line(tmp_path, capsys, setting, genera
     assert main(["--config", str(config), "--device", "cpu"]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error (rank")]
     assert len(lines) == 1 and message in lines[0], lines
+
+
+@pytest.mark.timeout(120)
+def test_training_is_the_same_with_and_without_the_refresh(tmp_path):
+    # Training forwards normalise by their own batch and the refresh leaves every random
+    # generator as it was: only the statistics the evals use differ.
+    finals = {}
+    for refresh in (0, 3):
+        extra = {"eval": {"batch_norm_refresh": refresh}, "training": {"batch_size": 8, "max_steps": 6}}
+        config = grid_task(tmp_path / str(refresh), extra)
+        assert main(["--config", str(config), "--device", "cpu"]) == 0
+        finals[refresh] = load_file(tmp_path / str(refresh) / "out" / "final" / "generator" / "model.safetensors")
+        train = [
+            {k: v for k, v in r.items() if "per_s" not in k and k != "peak_memory_mb"}
+            for r in records(tmp_path / str(refresh) / "out", "train")
+        ]
+        finals[f"train {refresh}"] = train
+    assert finals["train 0"] == finals["train 3"]
+    statistics = {name for name in finals[0] if "running" in name}
+    assert statistics and all(not torch.equal(finals[0][n], finals[3][n]) for n in statistics)
+    for name in finals[0].keys() - statistics:
+        assert torch.equal(finals[0][name], finals[3][name]), name
