@@ -1,5 +1,5 @@
-"""Each rank's running statistics after every step of a run, written to OUT/rank{R}.pt: a
-caller driving a Trainer step by step.
+"""Each rank's running statistics after every step of a run, and the average's final state,
+written to OUT/rank{R}.pt: a caller driving a Trainer step by step.
 
     python tests/batch_norm_ranks.py CONFIG OUT
 """
@@ -24,7 +24,8 @@ def main(config: str, out: str) -> None:
                 statistics.update({f"ema.{n}": b.clone() for n, b in trainer.ema.model.named_buffers()})
             seen.append(statistics)
         rank, world = trainer.accelerator.process_index, trainer.accelerator.num_processes
-    torch.save({"world_size": world, "steps": seen}, f"{out}/rank{rank}.pt")
+        average = trainer.ema.model.state_dict() if trainer.ema is not None else {}
+    torch.save({"world_size": world, "steps": seen, "average": average}, f"{out}/rank{rank}.pt")
 
 
 if __name__ == "__main__":

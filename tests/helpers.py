@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import subprocess
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
+from torch import nn
 
 from harness import launch as launching
 from harness.launch import ROOT, SCRIPT, free_port, launch_command, launch_env, records
@@ -81,3 +84,23 @@ def use_scaler(monkeypatch: Any, scaler: Any) -> None:
         return accelerator
 
     monkeypatch.setattr(world, "build_accelerator", build_with_scaler)
+
+
+def hand_refreshed(model: nn.Module, task, batches: int, batch_size: int, seed: int) -> dict[str, torch.Tensor]:
+    """The running mean and (unbiased) variance each BatchNorm layer of ``model`` would hold as
+    the plain average over every training-mode forward that ``batches`` calls of task.generate
+    make, taken from the layers' inputs."""
+    model = copy.deepcopy(model).train()
+    inputs: dict[str, list[torch.Tensor]] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.BatchNorm1d):
+            module.register_forward_pre_hook(lambda m, args, name=name: inputs.setdefault(name, []).append(args[0]))
+    rng = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _ in range(batches):
+            task.generate(model, batch_size, rng)
+    expected = {}
+    for name, seen in inputs.items():
+        expected[f"{name}.running_mean"] = torch.stack([x.mean(0) for x in seen]).mean(0)
+        expected[f"{name}.running_var"] = torch.stack([x.var(0) for x in seen]).mean(0)
+    return expected

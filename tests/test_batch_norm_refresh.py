@@ -4,11 +4,9 @@ them after every epoch, before its metrics), on every rank alike."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
-from helpers import pacgan_models, records, write_run
+from helpers import hand_refreshed, pacgan_models, records, write_run
 from safetensors.torch import load_file
 from torch import nn
 
@@ -23,26 +21,6 @@ def grid_task(tmp_path, extra=None):
     options = {"mixture": "grid", "packing": 2, "generate_per_place": True, "plot": False}
     config = {"model": pacgan_models(tmp_path), "task_options": options, "training": {"batch_size": 8}}
     return write_run(tmp_path, {**config, **(extra or {})})
-
-
-def hand_refreshed(model: nn.Module, task, batches: int, batch_size: int, seed: int) -> dict[str, torch.Tensor]:
-    """The running mean and (unbiased) variance each BatchNorm layer of ``model`` would hold as
-    the plain average over every training-mode forward that ``batches`` calls of task.generate
-    make, taken from the layers' inputs."""
-    model = copy.deepcopy(model).train()
-    inputs: dict[str, list[torch.Tensor]] = {}
-    for name, module in model.named_modules():
-        if isinstance(module, nn.BatchNorm1d):
-            module.register_forward_pre_hook(lambda m, args, name=name: inputs.setdefault(name, []).append(args[0]))
-    rng = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _ in range(batches):
-            task.generate(model, batch_size, rng)
-    expected = {}
-    for name, seen in inputs.items():
-        expected[f"{name}.running_mean"] = torch.stack([x.mean(0) for x in seen]).mean(0)
-        expected[f"{name}.running_var"] = torch.stack([x.var(0) for x in seen]).mean(0)
-    return expected
 
 
 def test_the_statistics_are_the_plain_average_over_the_generated_batches(tmp_path):

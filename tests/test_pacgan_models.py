@@ -4,12 +4,15 @@ statistics are rank 0's on every rank at the end of each step."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import yaml
-from helpers import PACGAN_DISCRIMINATOR, ROOT, launch, pacgan_models, records, write_run
+from helpers import PACGAN_DISCRIMINATOR, ROOT, hand_refreshed, launch, pacgan_models, records, write_run
 from torch import nn
 
+from trainer.batch_norm import refresh_seed
 from trainer.cli import main
 from trainer.config import load_config
 from trainer.tasks import load_task
@@ -88,6 +91,13 @@ def test_the_ranks_running_statistics_agree_after_every_step(tmp_path, refresh):
         for name in names:
             assert torch.equal(zero[name], one[name]), f"step {step + 1}: {name} differs between the ranks"
     assert not torch.equal(ranks[0]["steps"][0]["1.running_mean"], ranks[0]["steps"][-1]["1.running_mean"])
+    if refresh:  # the last eval (step 5) refreshed the average it scores, on both ranks
+        task = load_task(load_config(config))
+        average = task.build_generator()
+        average.load_state_dict(ranks[0]["average"])
+        expected = hand_refreshed(average, task, refresh, 4, refresh_seed(3, 5))
+        for rank, (name, value) in itertools.product(ranks, expected.items()):
+            torch.testing.assert_close(rank["steps"][-1][f"ema.{name}"], value, rtol=1e-5, atol=1e-6, msg=name)
 
 
 @pytest.mark.timeout(300)

@@ -15,6 +15,7 @@ from torch import nn
 
 from trainer.errors import ConfigError
 from trainer.tasks.base import Task
+from trainer.watchdog import HEARTBEAT
 
 
 def norm_layers(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
@@ -56,14 +57,15 @@ def refresh_statistics(task: Task, generator: nn.Module, batches: int, batch_siz
     saved = [(layer.momentum, layer.num_batches_tracked.clone()) for layer in layers]
     mode = generator.training
     device = rng.device
-    forked = [] if device.type == "cpu" else [device]
     try:
         for layer in layers:
             layer.reset_running_stats()
             layer.momentum = None  # None: a cumulative average over the forwards
         generator.train()
-        with torch.random.fork_rng(devices=forked, device_type=None if device.type == "cpu" else device.type):
+        # the CPU's generator is always forked; an accelerator's, for its one device
+        with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device], device_type=device.type):
             for _ in range(batches):
+                HEARTBEAT.beat("BatchNorm refresh before the eval")
                 task.generate(generator, batch_size, rng)
     finally:
         generator.train(mode)
