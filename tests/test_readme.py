@@ -102,12 +102,14 @@ RUN = {
     ),
     "python scripts/mixture_seeds.py configs/training/ring_pacgan.yaml --set training.max_steps=20000 "
     "--output-dir outputs/pacgan_short/ring": [*MIXTURE_TINY, "--set", "data.train_size=4000"],
+    "python scripts/mixture_seeds.py configs/training/grid_pacgan.yaml --set training.max_steps=40000 --jobs 2 "
+    "--output-dir outputs/pacgan_short/grid": [*MIXTURE_TINY, "--set", "data.train_size=4000"],
     "python scripts/run_oracle.py --device cpu": ORACLE_TINY,
     "python scripts/run_oracle.py --device cpu --stage2-config configs/training/stage2_ddo.yaml": ORACLE_TINY,
     "python scripts/run_oracle.py --device cpu --stage2-config configs/training/stage2_spin.yaml": ORACLE_TINY,
     "python scripts/train_stage1.py --device cpu": ORACLE_TINY,
     "python scripts/train_stage2.py --config configs/training/ring.yaml --device cpu": RING_DEBUG,
-    "python scripts/train_stage2.py --config configs/training/grid_pacgan.yaml --device cpu "
+    "python scripts/train_stage2.py --config configs/training/ring_pacgan.yaml --device cpu "
     "--set training.max_steps=20000": PACGAN_TINY,
     "python scripts/train_stage2.py --config configs/training/ring.yaml --device cpu --debug": [],
     "torchrun --standalone --nproc_per_node 2 scripts/train_stage2.py --config configs/training/ring.yaml "
