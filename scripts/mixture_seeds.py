@@ -30,19 +30,25 @@ METRICS = ("modes", "high_quality", "reverse_kl")
 #: PacGAN's best row per mixture: modes, high-quality share, reverse KL
 PACGAN = {"ring": ("PacGAN2", 7.9, 0.956, 0.07), "grid": ("PacGAN4", 24.8, 0.936, 0.04)}
 #: glibc keeps freed tensors instead of faulting them in again each step (see README, Benchmark)
-ONE_THREAD = {
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "MALLOC_MMAP_THRESHOLD_": "1073741824",
-    "MALLOC_TRIM_THRESHOLD_": "1073741824",
-}
+KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": "1073741824", "MALLOC_TRIM_THRESHOLD_": "1073741824"}
+
+
+def run_environment(threads: int) -> dict[str, str]:
+    """This process's environment for one run with ``threads`` intra-op threads."""
+    return {**os.environ, **KEEP_FREED_MEMORY, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mixture_seeds", description=__doc__.split("\n\n")[0])
     p.add_argument("config", help="a gaussian_mixture training config, e.g. configs/training/ring.yaml")
     p.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
-    p.add_argument("--jobs", type=int, default=2, help="runs side by side, one thread each")
+    p.add_argument("--jobs", type=int, default=2, help="runs side by side")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="threads of each run (default 1); one run alone on 2 cores: --jobs 1 --threads 2",
+    )
     p.add_argument("--output-dir", default=None, help="default: outputs/seeds/<config name>")
     p.add_argument(
         "--variant",
@@ -82,9 +88,10 @@ def last_evals(run_dir: Path, count: int) -> dict[str, float]:
     return {m: mean(r[m] for r in last) for m in METRICS}
 
 
-def run_one(config: str, run_dir: Path, seed: int, overrides: list[str], count: int) -> dict[str, float]:
-    """One seed of one variant: trained unless its final export is there (an interrupted run
-    goes on from its last checkpoint, its log appended to), then its last ``count`` evals."""
+def run_one(config: str, run_dir: Path, seed: int, overrides: list[str], count: int, threads: int) -> dict[str, float]:
+    """One seed of one variant: trained with ``threads`` threads unless its final export is there
+    (an interrupted run goes on from its last checkpoint, its log appended to), then its last
+    ``count`` evals."""
     if not (run_dir / "final").is_dir():
         command = [sys.executable, str(ROOT / "scripts" / "train_stage2.py"), "--config", config]
         command += ["--device", "cpu", "--output-dir", str(run_dir), "--set", f"training.seed={seed}"]
@@ -94,7 +101,7 @@ def run_one(config: str, run_dir: Path, seed: int, overrides: list[str], count: 
         log = run_dir.with_suffix(".log")
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("a") as out:
-            done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **ONE_THREAD})
+            done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=run_environment(threads))
         if done.returncode != 0:
             raise SystemExit(f"seed {seed} ({run_dir}) exited {done.returncode}; see {log}")
         if not (run_dir / "final").is_dir():  # a signal or training.max_time: saved, then exit 0
@@ -120,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     args = arguments.parse_args(argv)
     if args.last < 1:
         arguments.error(f"--last {args.last}: expected 1 or more evals")
+    if args.threads < 1:
+        arguments.error(f"--threads {args.threads}: expected 1 or more")
     import yaml
 
     mixture = yaml.safe_load(Path(args.config).read_text())["task_options"]["mixture"]
@@ -127,10 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     variants = [("as configured", []), *map(parse_variant, args.variant)]
     jobs = [(label, seed, [*args.overrides, *overrides]) for label, overrides in variants for seed in args.seeds]
     folder = {label: label.replace(" ", "_").replace("/", "_") for label, _ in variants}
+
+    def run_job(job: tuple[str, int, list[str]]) -> dict[str, float]:
+        label, seed, overrides = job
+        return run_one(args.config, out / folder[label] / f"seed-{seed}", seed, overrides, args.last, args.threads)
+
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        finals = list(
-            pool.map(lambda j: run_one(args.config, out / folder[j[0]] / f"seed-{j[1]}", j[1], j[2], args.last), jobs)
-        )
+        finals = list(pool.map(run_job, jobs))
     scored = "last eval" if args.last == 1 else f"mean of each seed's last {args.last} evals"
     print(f"{args.config}, seeds {' '.join(map(str, args.seeds))}, {scored}: mean [min, max]")
     print(f"{'':18}" + "".join(f"{m:>28}" for m in METRICS) + "   seeds with every mode")

@@ -164,6 +164,41 @@ def test_mixture_seeds_continues_an_interrupted_run_from_its_last_checkpoint(tmp
     assert records(stopped, "eval")[-1] == records(whole, "eval")[-1]
 
 
+@pytest.mark.parametrize(("flags", "threads"), [([], "1"), (["--threads", "2"], "2")])
+def test_mixture_seeds_gives_each_run_its_threads(tmp_path, monkeypatch, capsys, flags, threads):
+    # one run alone on 2 cores trains faster on both (a schedule of hours): --jobs 1 --threads 2
+    import json
+
+    from helpers import write_run
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import mixture_seeds as script
+
+    started = []
+
+    def train(command, env, **_):
+        run_dir = Path(command[command.index("--output-dir") + 1])
+        started.append((run_dir.name, env))
+        (run_dir / "final").mkdir(parents=True)
+        last = {"step": 4, "split": "eval", "modes": 8, "high_quality": 0.9, "reverse_kl": 0.01}
+        (run_dir / "metrics.jsonl").write_text(json.dumps(last) + "\n")
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(script.subprocess, "run", train)
+    config = write_run(tmp_path, {})
+    assert script.main([str(config), "--output-dir", str(tmp_path / "seeds"), "--seeds", "0", "1", *flags]) == 0
+    assert sorted(name for name, _ in started) == ["seed-0", "seed-1"]
+    for _, env in started:
+        assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == threads
+        assert env["MALLOC_TRIM_THRESHOLD_"] == "1073741824" and env["PATH"] == os.environ["PATH"]
+    table = capsys.readouterr().out.splitlines()
+    assert table[2].startswith("as configured") and table[2].split()[2:5] == ["8.0", "[8.0,", "8.0]"], table
+    assert table[2].endswith("2/2"), table
+    with pytest.raises(SystemExit):
+        script.main([str(config), "--threads", "0"])
+    assert "--threads 0: expected 1 or more" in capsys.readouterr().err
+
+
 @pytest.mark.timeout(300)
 def test_mixture_seeds_stops_when_a_seed_stops_before_its_end(tmp_path):
     # a run stopped by a signal or training.max_time exits 0 with a checkpoint and no final/:
