@@ -160,3 +160,32 @@ def test_restarted_ranks_agree_on_a_new_round_whatever_the_earlier_rounds_left(l
         assert len(set(names)) == 1 and names[0] is not None, names
         seen.append(names[0])
     assert len(set(seen)) == 3
+
+
+#: run in a fresh interpreter: a mixture run through the CLI, then the modules it imported
+IMPORTED_BY_A_RUN = """
+import runpy, sys
+sys.argv = ["train_stage2.py", *sys.argv[1:]]
+try:
+    runpy.run_path({script!r}, run_name="__main__")
+except SystemExit as stop:
+    assert stop.code in (0, None), stop.code
+print("imported:", " ".join(sorted(sys.modules)))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_mixture_run_does_not_import_the_model_libraries_it_does_not_use(tmp_path):
+    # transformers' scheduler module imports its Trainer utilities, which import peft (where it
+    # is installed) and with it transformers' modeling stack: about 2.3 s of CPU in each process
+    # of a run made of plain torch models, and of every test that launches one
+    config = write_run(tmp_path, {"optim": {"discriminator": {"scheduler": "constant", "warmup_steps": 2}}})
+    code = IMPORTED_BY_A_RUN.format(script=str(SCRIPT))
+    args = ["--config", str(config), "--device", "cpu", "--output-dir", str(tmp_path / "out")]
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "out" / "final").is_dir()
+    imported = set(done.stdout.splitlines()[-1].split()[1:])
+    assert "trainer.loop" in imported and "torch" in imported
+    unused = {"peft", "transformers.trainer_utils", "transformers.optimization", "transformers.modeling_utils"}
+    assert not unused & imported, sorted(unused & imported)

@@ -190,3 +190,24 @@ def test_generator_phase_leaves_discriminator_untouched(tmp_path):
         assert all(p.grad is None for p in trainer.d.model.parameters())
         assert all(p.requires_grad for p in trainer.d.model.parameters())
         assert any(not torch.equal(v, g_before[k]) for k, v in trainer.g.model.state_dict().items())
+
+
+def test_the_constant_schedule_is_transformers_own():
+    # built without importing transformers' scheduler module (tests/test_startup.py says why):
+    # the same factors, and the same state, so a checkpoint from either loads into the other
+    from trainer.schedules import build_scheduler
+
+    def optimizer():
+        return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+
+    ours = build_scheduler("constant", optimizer(), warmup_steps=2, steps=5)
+    theirs = get_scheduler("constant", optimizer(), num_warmup_steps=2, num_training_steps=5)
+    for _ in range(3):
+        for schedule in (ours, theirs):
+            schedule.optimizer.step()
+            schedule.step()
+        assert ours.get_last_lr() == theirs.get_last_lr() == [0.1]
+    assert ours.state_dict() == theirs.state_dict()
+    ours.load_state_dict(theirs.state_dict())
+    linear = build_scheduler("linear", optimizer(), warmup_steps=2, steps=5)
+    assert [group["lr"] for group in linear.optimizer.param_groups] == [0.0]  # the first warm-up step

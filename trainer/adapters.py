@@ -9,6 +9,7 @@ KL penalty measures from, so that reference costs no second copy of the weights.
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -82,11 +83,10 @@ def with_adapter(model: nn.Module, spec: dict[str, Any] | str, role: str, key: s
 
 def is_adapted(model: nn.Module) -> bool:
     """Whether ``model`` (unwrapped) carries a PEFT adapter."""
-    try:
-        from peft import PeftModel
-    except ImportError:
-        return False
-    return isinstance(model, PeftModel)
+    # a model carries one only where peft is imported already; importing it to ask costs a
+    # run of plain torch models seconds (peft imports transformers' modeling stack)
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 class AdapterOff(nn.Module):

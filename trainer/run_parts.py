@@ -16,7 +16,6 @@ import yaml
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 from torch import nn
-from transformers import get_scheduler
 
 from trainer import adapters, checkpoint, collectives, weights
 from trainer.config import Config, InitSection, OptimizerSection, RunConfig, TrainingSection
@@ -24,6 +23,7 @@ from trainer.config.model_configs import is_model_source
 from trainer.config.schema import to_mapping
 from trainer.errors import CheckpointError, DataError
 from trainer.phases import Trainable, build_optimizer
+from trainer.schedules import build_scheduler
 from trainer.tasks import Task
 
 logger = get_logger("trainer")
@@ -206,10 +206,7 @@ def noise_seed(seed: int, rank: int) -> int:
 def optimization(section: OptimizerSection, model: nn.Module, steps: int) -> tuple[torch.optim.Optimizer, Any]:
     """The optimizer of one model and its learning-rate schedule over ``steps`` optimizer steps."""
     optimizer = build_optimizer(section, model)
-    scheduler = get_scheduler(
-        section.scheduler, optimizer, num_warmup_steps=section.warmup_steps, num_training_steps=steps
-    )
-    return optimizer, scheduler
+    return optimizer, build_scheduler(section.scheduler, optimizer, section.warmup_steps, steps)
 
 
 def resume(accelerator: Accelerator, checkpoints: checkpoint.Checkpoints, which: str, output_dir: Path) -> int | None:

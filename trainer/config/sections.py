@@ -11,6 +11,7 @@ from typing import Any, Literal, get_origin
 from trainer.config.overrides import dotted
 from trainer.config.schema import field_type, require, suggestion
 from trainer.errors import ConfigError
+from trainer.schedules import CONSTANT, scheduler_names
 
 LOSSES = ("non_saturating", "hinge", "least_squares", "wasserstein")
 
@@ -64,9 +65,9 @@ class OptimizerSection:
         require(self.weight_decay >= 0, source, f"{key}.weight_decay", "must be 0 or more")
         require(self.warmup_steps >= 0, source, f"{key}.warmup_steps", "must be 0 or more")
         require(self.max_grad_norm >= 0, source, f"{key}.max_grad_norm", "must be 0 (off) or more")
-        from transformers import SchedulerType  # here: reading a config loads no heavy library
-
-        valid = [s.value for s in SchedulerType]
+        if self.scheduler == CONSTANT:  # the default: no need to import transformers' list
+            return
+        valid = scheduler_names()
         if self.scheduler not in valid:
             raise ConfigError(
                 f"{source}: key '{key}.scheduler' must be one of {', '.join(valid)}, got {self.scheduler!r}"
