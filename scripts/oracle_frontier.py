@@ -23,16 +23,9 @@ sys.path.insert(0, str(ROOT))
 
 from trainer.cli import report  # noqa: E402
 from trainer.errors import UserError  # noqa: E402
+from trainer.frontier import temperature_argument  # noqa: E402
 from trainer.logs import configure_logging  # noqa: E402
 from trainer.tasks.oracle_report import command_overrides, frontier, table  # noqa: E402
-
-
-def temperature(text: str) -> float:
-    """argparse type of --temperatures: a positive number."""
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
-    return value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -40,7 +33,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("generator", help="a generator's save_pretrained directory, e.g. OUTPUT/stage1/best/generator")
     p.add_argument("--config", default="configs/training/stage1.yaml", help="the recipe's options, data and eval")
     p.add_argument("--oracle", help="the oracle's safetensors file (data.oracle_path); default: the seeded oracle")
-    p.add_argument("--temperatures", type=temperature, nargs="+", default=[1.0, 0.95, 0.9, 0.85, 0.8])
+    p.add_argument("--temperatures", type=temperature_argument, nargs="+", default=[1.0, 0.95, 0.9, 0.85, 0.8])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=value")
     return p

@@ -11,9 +11,10 @@ each seed's runs go to OUTPUT/seed-N/stage1, OUTPUT/seed-N/stage2 and OUTPUT/see
 (the stage-1 generator trained on by maximum likelihood alone with stage 2's config: its
 steps, batch and optimizer). Sampling below temperature 1 trades diversity (self_bleu4 rises)
 for quality (bleu4 rises) without training, and more maximum-likelihood steps may buy both:
-the frontier is the stage-1 and the maximum-likelihood generators at temperatures 1.2 to 0.6,
-bleu4 (quality) against self_bleu4 (diversity), both scored on the same generated texts as in
-"Language GANs Falling Short" (Caccia et al.); nll_test scores the model, not its texts. A
+the frontier is the stage-1 and the maximum-likelihood generators at temperatures 1.2 to 0.6
+(`--frontier`), bleu4 (quality) against self_bleu4 (diversity), both scored on the same
+generated texts as in "Language GANs Falling Short" (Caccia et al.); nll_test scores the
+model, not its texts. A
 seed's stage 2 is beyond the frontier when its bleu4 is higher than the frontier's at its
 self_bleu4. Rows give the mean over the seeds and the range [min, max];
 OUTPUT/frontier-seed-N.png draws a seed's frontier and its stage 2.
@@ -31,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from trainer.cli import exit_command  # noqa: E402
+from trainer.frontier import add_frontier_option  # noqa: E402
 from trainer.logs import configure_logging  # noqa: E402
 
 METRICS = ("nll_test", "bleu4", "self_bleu4")
@@ -48,6 +50,7 @@ def parser() -> argparse.ArgumentParser:
         default="configs/training/text_stage2.yaml",
         help="stage 2's config, also the maximum-likelihood baseline's steps, batch and optimizer",
     )
+    add_frontier_option(p, "the frontier's temperatures, 1 among them; fewer take less time")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=value")
     return p
 
@@ -65,7 +68,7 @@ def run_seed(out: Path, example: Path, seed: int, args: argparse.Namespace) -> t
     """Stage 1, stage 2 and the maximum-likelihood baseline of one seed; the rows of the table
     (stage 1 at temperature 1, stage 2) and the frontier's curves."""
     from trainer.config import load_config
-    from trainer.frontier import FRONTIER_TEMPERATURES, Curve, Point
+    from trainer.frontier import Curve, Point
     from trainer.loop import Trainer
     from trainer.stages import MLE_BASELINE, fit_run, fit_stage1
 
@@ -84,7 +87,7 @@ def run_seed(out: Path, example: Path, seed: int, args: argparse.Namespace) -> t
         ("stage 1 + maximum likelihood", out / MLE_BASELINE / "final"),
     ):
         points = []
-        for temperature in FRONTIER_TEMPERATURES:
+        for temperature in args.frontier:
             at = [*stage1, f"task_options.temperature={temperature}"]
             metrics = Trainer(load_config("configs/training/text_stage1.yaml", at), device=device).evaluate(weights)
             points.append(Point(temperature, metrics[DIVERSITY], metrics[QUALITY]))
@@ -132,7 +135,11 @@ def frontier_report(runs: dict[int, tuple[dict, list]], out: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    arguments = parser()
+    args = arguments.parse_args(argv)
+    if 1.0 not in args.frontier:  # the table's stage-1 row is stage 1 at temperature 1
+        given = " ".join(f"{t:g}" for t in args.frontier)
+        arguments.error(f"--frontier {given}: the temperatures must include 1 (the table's stage-1 row)")
     configure_logging()
     from trainer.text_example import write_text_example
     from trainer.world import end_process_group

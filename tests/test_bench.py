@@ -40,8 +40,8 @@ def test_the_gpu_check_runs_its_parts_on_the_cpu(tmp_path):
     out = tmp_path / "gpu_check"
     bench = "--sizes tiny --steps 2 --warmup 1 --rounds 1 --sampling-rounds 2 --threads 1"
     environment = {**os.environ, "DEVICE": "cpu", "STEPS": "4", "OUT": str(out), "BENCH_ARGS": bench}
-    # the text recipe's evals (each frontier point is one) on fewer texts
-    environment["TEXT_ARGS"] = "--set eval.batch_size=50 --set task_options.bleu_samples=20"
+    # the text recipe's evals (each frontier point is one) on fewer texts, at fewer temperatures
+    environment["TEXT_ARGS"] = "--set eval.batch_size=50 --set task_options.bleu_samples=20 --frontier 1.1 1 0.9"
     environment["PYTHON"] = sys.executable
     done = subprocess.run(
         ["bash", str(ROOT / "scripts" / "gpu_check.sh")],

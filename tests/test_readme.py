@@ -266,10 +266,13 @@ def test_readme_text_example(tmp_path):
 
 
 @pytest.mark.timeout(450)
-@pytest.mark.parametrize(("command", "stage2_part"), [(TEXT_TABLE, "reward"), (TEXT_DDO, "log_ratio_real")])
-def test_readme_text_table(tmp_path, command, stage2_part):
+@pytest.mark.parametrize(
+    ("command", "stage2_part", "frontier"),
+    [(TEXT_TABLE, "reward", []), (TEXT_DDO, "log_ratio_real", ["--frontier", "1.1", "1", "0.9"])],
+)
+def test_readme_text_table(tmp_path, command, stage2_part, frontier):
     cache = f"--set=data.cache_dir={tmp_path / 'cache'}"
-    result = run(command, "--seeds", "0", *TEXT_TINY, cache, "--output-dir", str(tmp_path))
+    result = run(command, "--seeds", "0", *TEXT_TINY, *frontier, cache, "--output-dir", str(tmp_path))
     # stage 2 ran the command's config (its loss parts), the baseline maximum likelihood only
     assert all(stage2_part in record for record in records(tmp_path / "seed-0" / "stage2", "train"))
     assert all(
@@ -280,14 +283,18 @@ def test_readme_text_table(tmp_path, command, stage2_part):
     assert rows[0] == "seeds 0: mean [min, max]" and rows[1].split() == ["nll_test", "bleu4", "self_bleu4"]
     assert [row[:7] for row in rows[2:4]] == ["stage 1", "stage 2"]
     assert "seed 0, stage2, step-0000002.txt:" in result.stdout
-    # The frontier: stage 1 and the maximum-likelihood baseline at each temperature, the verdict.
+    # The frontier: stage 1 and the maximum-likelihood baseline at each temperature (--frontier,
+    # or the default's), the verdict.
     from trainer.frontier import FRONTIER_TEMPERATURES
 
+    temperatures = [float(t) for t in frontier[1:]] or list(FRONTIER_TEMPERATURES)
     curves = result.stdout.split("seed 0, the frontier:\n")[1].splitlines()
     assert curves[0].split() == ["generator", "temperature", "bleu4", "self_bleu4"]
-    assert len(curves[1:]) > 2 * len(FRONTIER_TEMPERATURES) and curves[1].startswith("stage 1 ")
-    assert curves[1 + len(FRONTIER_TEMPERATURES)].startswith("stage 1 + maximum likelihood")
-    assert curves[1 + 2 * len(FRONTIER_TEMPERATURES)].startswith("seed 0: frontier: stage 2 bleu4 ")
+    stage1_rows, mle_rows = curves[1 : 1 + len(temperatures)], curves[1 + len(temperatures) : 1 + 2 * len(temperatures)]
+    assert all(row.startswith("stage 1 ") and "maximum" not in row for row in stage1_rows), curves
+    assert all(row.startswith("stage 1 + maximum likelihood") for row in mle_rows), curves
+    assert [float(row.split()[-3]) for row in stage1_rows] == temperatures, curves
+    assert curves[1 + 2 * len(temperatures)].startswith("seed 0: frontier: stage 2 bleu4 ")
     assert (tmp_path / "seed-0" / "stage2-mle" / "final" / "generator" / "config.json").is_file()
     assert rows[-2] == f"plots: {tmp_path / 'frontier-seed-0.png'}"
     assert rows[-1] in ("beyond the frontier: 0 of 1 seeds", "beyond the frontier: 1 of 1 seeds")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -363,3 +364,19 @@ def test_the_kl_estimate_by_hand():
     # a token the generator gives 0.5 and the reference 0.25: r = log(0.25 / 0.5), exp(r) - r - 1
     estimate = kl_estimate(torch.tensor([math.log(0.5), math.log(0.3)]), torch.tensor([math.log(0.25), math.log(0.3)]))
     assert torch.allclose(estimate, torch.tensor([0.5 + math.log(2) - 1, 0.0]))
+
+
+def test_run_text_s_frontier_needs_temperature_1(tmp_path, capsys):
+    # the table's stage-1 row is stage 1 at temperature 1, read off its frontier: a frontier
+    # without it is refused before anything runs
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import run_text
+
+    with pytest.raises(SystemExit) as stop:
+        run_text.main(["--frontier", "1.1", "0.9", "--output-dir", str(tmp_path / "out")])
+    assert stop.value.code == 2
+    assert "--frontier 1.1 0.9: the temperatures must include 1" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(SystemExit):
+        run_text.main(["--frontier", "1", "-0.5"])
+    assert "-0.5 is not a positive number" in capsys.readouterr().err

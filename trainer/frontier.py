@@ -12,6 +12,7 @@ segment spans is not beyond it.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,26 @@ from pathlib import Path
 #: above the curve (on the oracle, 0.03 of nll_oracle above the eval at 0.96), which would call
 #: a point on the curve beyond it
 FRONTIER_TEMPERATURES = (1.2, 1.1, 1.05, 1.0, 0.98, 0.96, 0.94, 0.92, 0.9, 0.85, 0.8, 0.7, 0.6)
+
+
+def temperature_argument(text: str) -> float:
+    """argparse type of a temperature on the command line: a positive number."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return value
+
+
+def add_frontier_option(parser: argparse.ArgumentParser, purpose: str) -> None:
+    """``--frontier T ...``: a command's frontier temperatures, ``FRONTIER_TEMPERATURES`` by default."""
+    parser.add_argument(
+        "--frontier",
+        type=temperature_argument,
+        nargs="+",
+        metavar="T",
+        default=list(FRONTIER_TEMPERATURES),
+        help=f"{purpose} (default: %(default)s)",
+    )
 
 
 @dataclass(frozen=True)

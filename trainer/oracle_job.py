@@ -10,7 +10,7 @@ from pathlib import Path
 
 from trainer.cli import report
 from trainer.errors import UserError
-from trainer.frontier import FRONTIER_TEMPERATURES
+from trainer.frontier import add_frontier_option
 from trainer.logs import configure_logging
 
 #: --full: the SeqGAN protocol's scale (a 10,000-sequence corpus, a larger generator trained
@@ -46,14 +46,7 @@ def oracle_parser() -> argparse.ArgumentParser:
         help="stage 2 from the same stage-1 pair with K seeds (training.seed, +1, ...); the table gives their mean",
     )
     p.add_argument("--goal", action="store_true", help="exit 1 unless every stage-2 seed lies beyond the frontier")
-    p.add_argument(
-        "--frontier",
-        type=float,
-        nargs="+",
-        metavar="T",
-        default=list(FRONTIER_TEMPERATURES),
-        help="the temperatures of the frontier stage 2 must beat (default: %(default)s)",
-    )
+    add_frontier_option(p, "the temperatures of the frontier stage 2 must beat")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=value")
     return p
 
