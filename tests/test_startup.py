@@ -177,8 +177,8 @@ print("imported:", " ".join(sorted(sys.modules)))
 @pytest.mark.timeout(120)
 def test_a_mixture_run_does_not_import_the_model_libraries_it_does_not_use(tmp_path):
     # transformers' scheduler module imports its Trainer utilities, which import peft (where it
-    # is installed) and with it transformers' modeling stack: about 2.3 s of CPU in each process
-    # of a run made of plain torch models, and of every test that launches one
+    # is installed) and with it transformers' modeling stack: about 1 s of CPU in each process
+    # of a run made of plain torch models (trainer/schedules.py), and of every test that launches one
     config = write_run(tmp_path, {"optim": {"discriminator": {"scheduler": "constant", "warmup_steps": 2}}})
     code = IMPORTED_BY_A_RUN.format(script=str(SCRIPT))
     args = ["--config", str(config), "--device", "cpu", "--output-dir", str(tmp_path / "out")]
