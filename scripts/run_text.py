@@ -14,9 +14,8 @@ for quality (bleu4 rises) without training, and more maximum-likelihood steps ma
 the frontier is the stage-1 and the maximum-likelihood generators at temperatures 1.2 to 0.6
 (`--frontier`), bleu4 (quality) against self_bleu4 (diversity), both scored on the same
 generated texts as in "Language GANs Falling Short" (Caccia et al.); nll_test scores the
-model, not its texts. A
-seed's stage 2 is beyond the frontier when its bleu4 is higher than the frontier's at its
-self_bleu4. Rows give the mean over the seeds and the range [min, max];
+model, not its texts. A seed's stage 2 is beyond the frontier when its bleu4 is higher than
+the frontier's at its self_bleu4. Rows give the mean over the seeds and the range [min, max];
 OUTPUT/frontier-seed-N.png draws a seed's frontier and its stage 2.
 """
 

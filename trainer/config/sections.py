@@ -65,10 +65,8 @@ class OptimizerSection:
         require(self.weight_decay >= 0, source, f"{key}.weight_decay", "must be 0 or more")
         require(self.warmup_steps >= 0, source, f"{key}.warmup_steps", "must be 0 or more")
         require(self.max_grad_norm >= 0, source, f"{key}.max_grad_norm", "must be 0 (off) or more")
-        if self.scheduler == CONSTANT:  # the default: no need to import transformers' list
-            return
-        valid = scheduler_names()
-        if self.scheduler not in valid:
+        # the default needs no look at transformers' list (trainer/schedules.py says why)
+        if self.scheduler != CONSTANT and self.scheduler not in (valid := scheduler_names()):
             raise ConfigError(
                 f"{source}: key '{key}.scheduler' must be one of {', '.join(valid)}, got {self.scheduler!r}"
                 + suggestion(self.scheduler, valid)
