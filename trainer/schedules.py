@@ -3,7 +3,8 @@
 Importing transformers' scheduler module imports its Trainer utilities, and they import peft
 where it is installed, and with it transformers' modeling stack: about 1 s of CPU in every
 process of a run whose models are plain torch (a mixture, a user's own models; a few steps of
-the ring on a 2-core CPU take 4.6-5.1 s of CPU without it, 5.3-6.1 s with it). The constant
+the ring on one 2-core CPU, three runs each, interleaved beside a training run: 4.6-5.1 s of
+CPU without it, 5.3-6.1 s with it). The constant
 schedule, the default, is built here as transformers builds it (a ``LambdaLR`` whose factor is
 1 at every step; ``num_warmup_steps`` ignored), so such a run never imports that module; every
 other name goes to ``get_scheduler``.
