@@ -55,11 +55,18 @@ def free_port() -> int:
 
 
 def launch_command(
-    args: list[str], processes: int, script: Path = SCRIPT, launcher: str = "accelerate", max_restarts: int = 0
+    args: list[str],
+    processes: int,
+    script: Path = SCRIPT,
+    launcher: str = "accelerate",
+    max_restarts: int = 0,
+    precision: str | None = "no",
 ) -> list[str]:
     """The command that runs the script in 1 process (plain python) or N (accelerate launch
     with the 8gpu config, or torchrun). With ``max_restarts`` the launcher restarts every
-    worker after a failure, up to that many times (even for 1 process)."""
+    worker after a failure, up to that many times (even for 1 process). ``precision``:
+    accelerate launch's ``--mixed_precision`` (fp32 by default, so that CPU runs compare
+    numbers; None: the 8gpu config's bf16)."""
     if processes == 1 and not max_restarts:
         cmd = [sys.executable, str(script), *args]
     elif launcher == "torchrun":
@@ -78,6 +85,7 @@ def launch_command(
             str(free_port()),
             "--max_restarts",
             str(max_restarts),
+            *(["--mixed_precision", precision] if precision else []),
         ]
         cmd += [str(script), *args]
     return cmd

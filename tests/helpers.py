@@ -46,10 +46,15 @@ def worker_env(rank: int, world_size: int, port: int) -> dict[str, str]:
 
 
 def launch(
-    args: list[str], processes: int, timeout: int = LAUNCH_TIMEOUT, script: Path = SCRIPT, launcher: str = "accelerate"
+    args: list[str],
+    processes: int,
+    timeout: int = LAUNCH_TIMEOUT,
+    script: Path = SCRIPT,
+    launcher: str = "accelerate",
+    precision: str | None = "no",
 ) -> subprocess.CompletedProcess:
     """Run the script (see launch_command) to its end, with a hard timeout."""
-    cmd = launch_command(args, processes, script, launcher)
+    cmd = launch_command(args, processes, script, launcher, precision=precision)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(), cwd=ROOT)
 
 

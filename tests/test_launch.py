@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import yaml
 from accelerate.utils import DistributedType
-from helpers import ROOT, check, launch, records, write_run
+from helpers import ROOT, check, env, free_port, launch, records, write_run
 from safetensors.torch import load_file
 
 from trainer.config import load_config
@@ -109,3 +113,53 @@ def test_sharded_backends_are_refused_before_training(kind):
     for plain in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
         ShardedWorld.distributed_type = plain
         check_supported(ShardedWorld())
+
+
+def accelerate_launch(config_file: Path, args: list[str]) -> subprocess.CompletedProcess:
+    """``accelerate launch --config_file CONFIG_FILE scripts/train_stage2.py ARGS`` as a user
+    types it: no launcher flag beyond the config file (and a free port)."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file)]
+    cmd += ["--main_process_port", str(free_port()), str(ROOT / "scripts" / "train_stage2.py"), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env(), cwd=ROOT)
+
+
+#: the shipped ring config at two steps
+RING_TINY = ["--config", "configs/training/ring.yaml", "--device", "cpu", "--set", "training.max_steps=2",
+             "--set", "training.eval_every=2", "--set", "data.eval_size=40"]  # fmt: skip
+
+
+@pytest.mark.timeout(300)
+def test_a_shipped_config_takes_the_launchers_precision(tmp_path):
+    """ring.yaml leaves training.mixed_precision empty: under 8gpu.yaml (bf16) two CPU processes
+    train in bf16 and say so; a --set wins over the launcher, and says that."""
+    out = tmp_path / "bf16"
+    result = check(launch([*RING_TINY, "--output-dir", str(out)], 2, precision=None))
+    assert "precision: bf16 autocast, mixed_precision bf16 from the launcher" in result.stdout + result.stderr
+    assert {r["world_size"] for r in records(out)} == {2}
+    assert load_config(out / "config.yaml").config.training.mixed_precision == ""
+    out = tmp_path / "fp32"
+    result = check(launch([*RING_TINY, "--output-dir", str(out), "--set", "training.mixed_precision=no"], 2,
+                          precision=None))  # fmt: skip
+    assert "precision: fp32, mixed_precision no from --set training.mixed_precision" in result.stdout + result.stderr
+
+
+@pytest.mark.timeout(300)
+def test_the_cpu_config_starts_the_processes_it_names(tmp_path):
+    out = tmp_path / "out"
+    result = check(accelerate_launch(ROOT / "accelerate_configs" / "cpu.yaml", [*RING_TINY, "--output-dir", str(out)]))
+    assert {r["world_size"] for r in records(out)} == {2}
+    assert "precision: fp32, mixed_precision no from the launcher" in result.stdout + result.stderr
+
+
+@pytest.mark.timeout(300)
+def test_a_launch_of_fewer_processes_than_its_config_asks_is_refused(tmp_path):
+    """A config with use_cpu: true takes accelerate's one-process launcher: one process starts
+    where the config asks for 2; one line says so, before any training."""
+    shipped = yaml.safe_load((ROOT / "accelerate_configs" / "cpu.yaml").read_text())
+    config = tmp_path / "use_cpu.yaml"
+    config.write_text(yaml.safe_dump({**shipped, "distributed_type": "MULTI_CPU", "use_cpu": True}))
+    result = accelerate_launch(config, [*RING_TINY, "--output-dir", str(tmp_path / "out")])
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and "accelerate launch started 1 process of a config that asks for more" in errors[0]
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()

@@ -44,14 +44,14 @@ COVERED = {
     "tiny size",
     "python scripts/bench_peft.py --checkpointing": "a benchmark; tests/test_bench.py runs it at the tiny size",
     "PYTHONPATH=. accelerate launch --config_file accelerate_configs/8gpu.yaml --num_processes 2 "
-    "scripts/train_stage2.py --config two_peaks.yaml --device cpu": "tests/test_custom_task.py",
+    "--mixed_precision no scripts/train_stage2.py --config two_peaks.yaml --device cpu": "tests/test_custom_task.py",
 }
 
 #: the text recipe's example, run in order by test_readme_text_example
 TEXT_EXAMPLE = "python scripts/make_text_example.py outputs/text_example"
 TEXT_STAGE1 = "python scripts/train_stage1.py --config configs/training/text_stage1.yaml --device cpu"
 TEXT_STAGE2 = (
-    "accelerate launch --config_file accelerate_configs/8gpu.yaml --num_processes 2 "
+    "accelerate launch --config_file accelerate_configs/8gpu.yaml --num_processes 2 --mixed_precision no "
     "scripts/train_stage2.py --config configs/training/text_stage2.yaml --device cpu"
 )
 
@@ -114,8 +114,8 @@ RUN = {
     "python scripts/train_stage2.py --config configs/training/ring.yaml --device cpu --debug": [],
     "torchrun --standalone --nproc_per_node 2 scripts/train_stage2.py --config configs/training/ring.yaml "
     "--device cpu": RING_DEBUG,
-    "accelerate launch --config_file accelerate_configs/8gpu.yaml --num_processes 2 scripts/train_stage2.py "
-    "--config configs/training/ring.yaml --device cpu": RING_DEBUG,
+    "accelerate launch --config_file accelerate_configs/8gpu.yaml --num_processes 2 --mixed_precision no "
+    "scripts/train_stage2.py --config configs/training/ring.yaml --device cpu": RING_DEBUG,
 }
 
 

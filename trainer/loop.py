@@ -147,6 +147,7 @@ class Trainer:
         nothing is written: no resolved config, metrics log or trackers."""
         cfg, t, acc, task = self.config, self.config.training, self.accelerator, self.task
         logger.info(world.describe_rank(acc), main_process_only=False)
+        logger.info(world.describe_precision(acc, self.run))
         self.watchdog.peers = world.check_devices(acc)
         if t.mixed_precision == "fp16" and acc.device.type == "cpu" and acc.scaler is None:
             logger.warning("fp16 was requested but accelerate runs fp32 on the CPU (no autocast, no GradScaler)")

@@ -22,7 +22,7 @@ from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import DistributedType, GradientAccumulationPlugin, ProjectConfiguration
 
 from trainer import collectives
-from trainer.config import Config
+from trainer.config import Config, RunConfig
 from trainer.errors import UserError
 from trainer.peer_watch import close_watch
 from trainer.process_group import form_process_group, startup_bound
@@ -41,6 +41,7 @@ def build_accelerator(
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
     # A previous run in this process (a notebook, a test) leaves accelerate's singletons set.
     reset_accelerate_state(partial=False)
+    check_launcher()
     with startup_bound(cfg.distributed.timeout_s):
         # Without cpu=True on a machine without GPUs, a launcher starts N one-process worlds.
         cpu = form_process_group(device, cfg.distributed.timeout_s)
@@ -89,6 +90,41 @@ def reset_accelerate_state(partial: bool) -> None:
     if an upgrade changes it."""
     AcceleratorState._reset_state(reset_partial_state=partial)
     GradientState._reset_state()
+
+
+def check_launcher() -> None:
+    """Fail before any process group when ``accelerate launch`` started this process alone of a
+    config that asks for several on one machine: its one-process launcher, which it takes whenever
+    the config says ``use_cpu``, then sets the rendezvous address (for more than one process) but
+    starts one process and no ``WORLD_SIZE``, and the run would train alone, silently."""
+    started_alone = "WORLD_SIZE" not in os.environ and "MASTER_PORT" in os.environ
+    if os.environ.get("ACCELERATE_USE_CPU") == "True" and started_alone:
+        error = UserError(
+            "accelerate launch started 1 process of a config that asks for more: a config with use_cpu: true "
+            "takes accelerate's one-process launcher; use accelerate_configs/cpu.yaml as shipped (or any config "
+            "with use_cpu: false) and --device cpu"
+        )
+        error.agreed = True  # the one process is the whole world
+        raise error
+
+
+def describe_precision(accelerator: Accelerator, run: RunConfig) -> str:
+    """One line: the precision in effect and where it came from (the command line, the training
+    config, the launcher, or accelerate's default)."""
+    asked = run.config.training.mixed_precision
+    if "training.mixed_precision" in run.overridden:
+        origin = "--set training.mixed_precision"
+    elif asked:
+        origin = f"training.mixed_precision of {run.source}"
+    elif "ACCELERATE_MIXED_PRECISION" in os.environ:
+        origin = "the launcher (its accelerate config or --mixed_precision; training.mixed_precision is empty)"
+    else:
+        origin = "accelerate's default (no launcher, training.mixed_precision empty)"
+    mode = accelerator.mixed_precision
+    in_effect = {"no": "fp32", "bf16": "bf16 autocast", "fp16": "fp16 autocast with a GradScaler"}.get(mode, mode)
+    if mode == "fp16" and accelerator.scaler is None and accelerator.device.type == "cpu":
+        in_effect = "fp32 (accelerate makes no fp16 autocast and no GradScaler on the CPU)"
+    return f"precision: {in_effect}, mixed_precision {mode} from {origin}"
 
 
 def check_world(accelerator: Accelerator) -> None:

@@ -54,7 +54,8 @@ def load_config(
         source, data = source or "the config dict", copy.deepcopy(config)
     else:
         source, data = str(config), read_yaml(config, "training config")
-    apply_overrides(data, override_mapping(overrides))
+    overriding = override_mapping(overrides)
+    apply_overrides(data, overriding)
     if output_dir is not None:
         data["output_dir"] = str(output_dir)
     elif output_suffix:
@@ -83,4 +84,5 @@ def load_config(
         discriminator=models["discriminator"],
         generator_source=cfg.model.generator_config,
         discriminator_source=cfg.model.discriminator_config,
+        overridden=frozenset(overriding),
     )

@@ -316,6 +316,8 @@ class RunConfig:
     discriminator: dict[str, Any]
     generator_source: str
     discriminator_source: str
+    #: the dotted keys that overrides (the command line's ``--set``) gave a value
+    overridden: frozenset[str] = frozenset()
 
 
 def check_override_key(key: str) -> None:
