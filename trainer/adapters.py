@@ -99,6 +99,11 @@ class AdapterOff(nn.Module):
         super().__init__()
         self._held = [model]
 
+    @property
+    def adapted(self) -> nn.Module:
+        """The generator it holds (with its adapter)."""
+        return self._held[0]
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         model = self._held[0]
         with model.disable_adapter():

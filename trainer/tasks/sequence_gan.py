@@ -10,6 +10,8 @@ sequences of one fixed length, and every mean is a plain mean.
 from __future__ import annotations
 
 import functools
+import logging
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ from trainer.adapters import AdapterOff
 from trainer.errors import ConfigError
 from trainer.logs import without_log_records
 from trainer.tasks.base import Penalties, Task
+from trainer.tasks.packing import at_least_float32, captured_output, chosen_log_probs, packed_layout, takes_packed_rows
 from trainer.tasks.sampling import InverseCdfSampling
 from trainer.tasks.sequence_objectives import (
     kl_estimate,
@@ -40,6 +43,8 @@ from trainer.tasks.sequence_objectives import (
     reinforce_advantages,
 )
 from trainer.tasks.transformers_models import from_pretrained, load_pretrained
+
+logger = logging.getLogger("trainer")
 
 
 class SequenceGanTask(Task):
@@ -168,35 +173,110 @@ class SequenceGanTask(Task):
             )
         return output[:, 1:]
 
+    # -- forwards of valid tokens only (trainer.tasks.packing) --------------------------------
+    def lengths(self, sequences: torch.Tensor) -> torch.Tensor:
+        """Each sequence's valid tokens (:meth:`valid_mask`; all of them without an end token)."""
+        mask = self.valid_mask(sequences)
+        if mask is None:
+            return torch.full((sequences.shape[0],), sequences.shape[1], device=sequences.device)
+        return mask.sum(1).long()
+
+    @functools.cached_property
+    def _packing(self) -> weakref.WeakKeyDictionary:
+        return weakref.WeakKeyDictionary()
+
+    def packs(self, model: nn.Module, role: str) -> bool:
+        """Whether ``model``'s training forwards take packed rows (checked once per model with
+        :func:`takes_packed_rows`; one log line per role says which path the run takes). A
+        classifier packs through its per-position ``score`` head; one without it takes padded
+        batches."""
+        module = extract_model_from_parallel(model)
+        if isinstance(module, AdapterOff):  # the generator's own answer
+            module = module.adapted
+        if module not in self._packing:
+            vocabulary = module.config.vocab_size
+            if not self.options.packed:
+                answer = False
+            elif role == "generator":
+                answer = takes_packed_rows(module, self._token_logits, vocabulary)
+            else:
+                head = getattr(module, "score", None)
+                answer = isinstance(head, nn.Module) and takes_packed_rows(module, self._position_scores, vocabulary)
+            if role not in {r for r, _ in self._packing.values()}:
+                why = "task_options.packed is false" if not self.options.packed else "it ignores restarts"
+                path = "packed rows (restarting position_ids)" if answer else f"padded batches ({why})"
+                logger.info(f"{role} forwards ({type(module).__name__}): {path}")
+            self._packing[module] = (role, answer)
+        return self._packing[module][1]
+
+    @staticmethod
+    def _token_logits(
+        model: nn.Module, inputs: torch.Tensor, positions: torch.Tensor | None, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        # no KV cache in a training forward: it costs memory, and a cache turns packing off
+        return model(input_ids=inputs, position_ids=positions, attention_mask=mask, use_cache=False).logits
+
+    @staticmethod
+    def _position_scores(
+        model: nn.Module, inputs: torch.Tensor, positions: torch.Tensor | None, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The classifier's head on every position [batch, length] (read from the head's own
+        output, before the model pools one position: the head runs once)."""
+        with captured_output(extract_model_from_parallel(model).score) as seen:
+            model(input_ids=inputs, position_ids=positions, attention_mask=mask, use_cache=False)
+        return at_least_float32(seen[-1].squeeze(-1))
+
     def token_log_probs(self, generator: nn.Module, sequences: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
         """The generator's ``log p(token_t | start, tokens_<t)`` [batch, length] at ``temperature``,
-        start token excluded. Padding is right of every real token, so a causal model's real
-        positions never see it; its own positions are excluded by the caller's mask."""
+        start token excluded, valid tokens only (0 past a sequence's end: the caller's mask
+        excludes those positions). Packed rows where the model takes them, else one padded batch
+        (padding is right of every real token, so a causal model's real positions never see it)."""
         start = torch.full_like(sequences[:, :1], self.start_id)
         inputs = torch.cat([start, sequences[:, :-1]], dim=1)
+        if self.packs(generator, "generator"):
+            layout = packed_layout(self.lengths(sequences), sequences.shape[1])
+            logits = self._token_logits(generator, layout.pack(inputs, self.pad_id), layout.positions, None)
+            return layout.unpack(chosen_log_probs(logits, layout.pack(sequences, 0), temperature, self._ban(logits)))
         # The start token may double as the padding id: the mask says nothing here is padding.
-        logits = generator(input_ids=inputs, attention_mask=torch.ones_like(inputs)).logits.float()
-        if temperature != 1.0:
-            logits = logits / temperature
-        if self.banned:
-            banned = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
-            banned[self.banned] = True
-            logits = logits.masked_fill(banned, -float("inf"))
-        return logits.log_softmax(-1).gather(2, sequences.unsqueeze(2)).squeeze(2)
+        logits = self._token_logits(generator, inputs, None, torch.ones_like(inputs))
+        return chosen_log_probs(logits, sequences, temperature, self._ban(logits))
+
+    def _ban(self, logits: torch.Tensor) -> torch.Tensor | None:
+        if not self.banned:
+            return None
+        banned = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+        banned[self.banned] = True
+        return banned
 
     def _attention(self, samples: torch.Tensor) -> torch.Tensor:
         mask = self.valid_mask(samples)
         return torch.ones_like(samples) if mask is None else mask.long()
 
+    def _pooled_positions(self, discriminator: nn.Module, samples: torch.Tensor) -> torch.Tensor:
+        """The position a sequence classifier rates a sequence at: its last valid token that is
+        not the padding id (as transformers' classifiers pool; the first when there is none)."""
+        pad = extract_model_from_parallel(discriminator).config.pad_token_id
+        columns = torch.arange(samples.shape[1], device=samples.device)
+        kept = columns < self.lengths(samples).unsqueeze(1)
+        if pad is not None:
+            kept = kept & (samples != pad)
+        return (columns * kept).argmax(1)
+
     def score(self, discriminator: nn.Module, samples: torch.Tensor) -> torch.Tensor:
-        return discriminator(input_ids=samples, attention_mask=self._attention(samples)).logits.reshape(-1)
+        if not self.packs(discriminator, "discriminator"):
+            mask = self._attention(samples)
+            return discriminator(input_ids=samples, attention_mask=mask, use_cache=False).logits.reshape(-1)
+        ratings = self.prefix_scores(discriminator, samples)
+        return ratings.gather(1, self._pooled_positions(discriminator, samples).unsqueeze(1)).squeeze(1)
 
     def prefix_scores(self, discriminator: nn.Module, samples: torch.Tensor) -> torch.Tensor:
         """The discriminator's rating of every prefix of ``samples`` [batch, length]: its head on
-        each position's final hidden state."""
-        out = discriminator(input_ids=samples, attention_mask=self._attention(samples), output_hidden_states=True)
-        head = extract_model_from_parallel(discriminator).score
-        return head(out.hidden_states[-1]).squeeze(-1).float()
+        each position's final hidden state (0 past a sequence's end, in packed rows)."""
+        if not self.packs(discriminator, "discriminator"):
+            return self._position_scores(discriminator, samples, None, self._attention(samples))
+        layout = packed_layout(self.lengths(samples), samples.shape[1])
+        rows = self._position_scores(discriminator, layout.pack(samples, self.pad_id), layout.positions, None)
+        return layout.unpack(rows)
 
     def discriminator_loss(
         self,

@@ -51,6 +51,10 @@ class SequenceGanOptions:
     top_p: float = 1.0
     #: generated sequences written to OUTPUT/samples/step-N.txt at each eval
     write_samples: int = 10
+    #: training and eval forwards on packed rows of valid tokens (restarting position_ids) where
+    #: the model takes them, checked once per model; false: padded batches, as a model that
+    #: ignores the restarts gets (the values are the same, the padding is computed)
+    packed: bool = True
 
     def check(self, source: str) -> None:
         require(
