@@ -160,6 +160,13 @@ class Trainer:
             )
             error.agreed = True  # the config and the accelerate setup are the same on every rank
             raise error
+        if t.share_samples and not task.takes_shared_samples:
+            error = ConfigError(
+                f"{self.run.source}: key 'training.share_samples': task {cfg.task!r} draws its generator phase's "
+                "samples with gradients (Task.takes_shared_samples is false); set it to false"
+            )
+            error.agreed = True  # the config and the task are the same on every rank
+            raise error
         set_seed(t.seed)
         task.prepare_frozen = functools.partial(run_parts.place_frozen, acc)
         adapters.checkpoint_adapters_only(acc)

@@ -169,25 +169,63 @@ class Phase:
         self.consecutive_skips = record["consecutive_skips"]
 
 
+class SharedSamples:
+    """``training.share_samples``: the samples of a step's last discriminator phase, one tensor per
+    micro-batch, which its generator phase takes in the same order. A discriminator phase that
+    finds a whole phase's samples kept starts anew (several discriminator phases a step: the last
+    one's are shared, all drawn from the same generator); the generator phase takes them all, so
+    nothing is kept from one step to the next (or in a checkpoint)."""
+
+    def __init__(self, micro_batches: int) -> None:
+        self.micro_batches = micro_batches
+        self.kept: list[torch.Tensor] = []
+
+    def keep(self, samples: torch.Tensor) -> None:
+        if len(self.kept) == self.micro_batches:
+            self.kept = []
+        self.kept.append(samples)
+
+    def take(self) -> torch.Tensor:
+        return self.kept.pop(0)
+
+
 def discriminator_loss(
-    task: Task, training: TrainingSection, accelerator: Accelerator, noise: torch.Generator, phase: Phase, batch: Any
+    task: Task,
+    training: TrainingSection,
+    accelerator: Accelerator,
+    noise: torch.Generator,
+    shared: SharedSamples | None,
+    phase: Phase,
+    batch: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The discriminator phase's computation: real against generated (by the unwrapped generator,
-    without gradients), with the penalties due at this discriminator step."""
+    without gradients, kept for the generator phase when ``shared``), with the penalties due at
+    this discriminator step."""
     real = task.real(batch)
     with torch.no_grad():
         fake = task.generate(phase.opponent, real.shape[0], noise, batch)
+    if shared is not None:
+        shared.keep(fake)
     penalties = Penalties.of_step(training, phase.steps, accelerator)
     return task.discriminator_loss(phase.model, real, fake, noise, penalties)
 
 
 def generator_loss(
-    task: Task, training: TrainingSection, noise: torch.Generator, phase: Phase, batch: Any
+    task: Task,
+    training: TrainingSection,
+    noise: torch.Generator,
+    shared: SharedSamples | None,
+    phase: Phase,
+    batch: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The generator phase's computation: stage 1's maximum likelihood, else the task's loss
-    through the unwrapped discriminator (frozen by the phase)."""
+    through the unwrapped discriminator (frozen by the phase), on the discriminator phase's
+    samples when ``shared``."""
     if training.objective == "mle":
         return task.mle_loss(phase.model, batch)
+    if shared is not None:
+        samples = shared.take()
+        return task.generator_loss(phase.model, phase.opponent, samples.shape[0], noise, batch, samples=samples)
     return task.generator_loss(phase.model, phase.opponent, training.batch_size, noise, batch)
 
 
@@ -213,8 +251,10 @@ def build_phases(
     on a micro-batch against its opponent (the other's unwrapped model) and what it holds still."""
     acc, t, optim = accelerator, cfg.training, cfg.optim
     unwrapped_d, unwrapped_g = acc.unwrap_model(discriminator.model), acc.unwrap_model(generator.model)
-    d_loss = functools.partial(discriminator_loss, task, t, acc, noise)
-    g_loss = functools.partial(generator_loss, task, t, noise)
+    sharing = t.share_samples and t.objective == "adversarial" and t.d_steps_per_g_step > 0
+    shared = SharedSamples(t.gradient_accumulation_steps) if sharing else None
+    d_loss = functools.partial(discriminator_loss, task, t, acc, noise, shared)
+    g_loss = functools.partial(generator_loss, task, t, noise, shared)
     d = Phase("d", "discriminator", discriminator.model, unwrapped_d, discriminator.optimizer, discriminator.scheduler,
               optim.discriminator.max_grad_norm, d_loss, needs_data=True, opponent=unwrapped_g)  # fmt: skip
     g = Phase("g", "generator", generator.model, unwrapped_g, generator.optimizer, generator.scheduler,

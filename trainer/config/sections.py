@@ -95,6 +95,11 @@ class TrainingSection:
     #: "simultaneous": both gradients at the step's starting weights, then both steps (the
     #: order of PacGAN's and ALI's code; one D step per G step, no fp16 GradScaler)
     updates: Literal["alternating", "simultaneous"] = "alternating"
+    #: one generation per optimizer step: the generator phase takes the samples its step's (last)
+    #: discriminator phase drew, from the generator as it stood at the step's start, instead of
+    #: drawing its own (for tasks whose generator loss takes samples without gradients: the text
+    #: recipes' REINFORCE); no effect without a discriminator phase
+    share_samples: bool = False
     eval_every: int = 500
     save_every: int = 1000
     log_every: int = 50

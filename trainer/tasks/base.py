@@ -76,6 +76,9 @@ class Task:
     DiscriminatorConfig: ClassVar[type | None] = None
     #: whether the generator phase draws micro-batches of real data (e.g. for an MLE term)
     generator_needs_data: ClassVar[bool] = False
+    #: whether :meth:`generator_loss` takes ``samples`` drawn beforehand (without gradients), so
+    #: that ``training.share_samples`` can give it the discriminator phase's
+    takes_shared_samples: ClassVar[bool] = False
 
     def __init__(self, run: RunConfig) -> None:
         self.run = run

@@ -59,6 +59,8 @@ class SequenceGanTask(Task):
     pad_id: int
     eos_id: int | None
     banned: list[int]
+    #: REINFORCE scores samples drawn without gradients: they may be the discriminator phase's
+    takes_shared_samples = True
     #: generated sequences continue this many tokens of a real one (0: from the start token)
     prompt_len: int = 0
 
@@ -394,16 +396,19 @@ class SequenceGanTask(Task):
         num: int,
         rng: torch.Generator,
         batch: Any = None,
+        samples: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The stage-2 loss of ``generator_objective``: :meth:`likelihood_ratio_loss`, or REINFORCE: raise the
         log-probability of tokens whose return (the discriminator's ratings) is above the batch's
         mean at that position, lower the others'; plus ``mle_weight`` x NLL of real data and
-        ``kl_coef`` x KL from the reference generator."""
+        ``kl_coef`` x KL from the reference generator. REINFORCE scores ``samples`` when given
+        (``training.share_samples``), else ``num`` it draws."""
         o = self.options
         if self.uses_likelihood_ratio:
             return self.likelihood_ratio_loss(generator, num, rng, batch)
         with torch.no_grad():
-            fake = self.generate(generator, num, rng, batch)
+            fake = self.generate(generator, num, rng, batch) if samples is None else samples
+            num = fake.shape[0]
             advantage, reward = self._advantages(fake, discriminator)
         mle = o.mle_weight > 0
         # One forward for generated and real sequences: DDP allows one forward per backward.
