@@ -5,7 +5,8 @@
 #
 # 1. the doctor in one process (torchrun), and a process group of one over NCCL;
 # 2. the ring (configs/training/ring.yaml) in bf16 for STEPS steps;
-# 3. the text recipe on the offline example in bf16: stage 1 then stage 2, STEPS steps each;
+# 3. the text recipe on the offline example in bf16: stage 1 then stage 2, STEPS steps each (and
+#    whether its forwards took packed rows);
 # 4. scripts/bench_text.py at GPT-2-small shape against TRL (tokens/s, steps/s, checkpoint).
 # Each part's output goes to OUT/<part>.log. Environment: DEVICE (cuda; cpu runs the same parts
 # on the CPU over gloo, as tests/test_bench.py does), STEPS (300), OUT (outputs/gpu_check),
@@ -72,6 +73,10 @@ for name, run, log in runs:
     saved = rf"saved {re.escape(str(run))}/checkpoints/\S+ in ([0-9.]+) s"
     seconds = max(float(s) for s in re.findall(saved, log.read_text()))
     print(f"{name:36} {'-':>10} {train['steps_per_s']:9.2f} {train['peak_memory_mb']:9.0f} {seconds:13.2f}")
+# which path the text run's forwards took (packed rows where the models take them), once each
+paths = dict.fromkeys(re.findall(r"(\w+ forwards \(\w+\): [^\n]+)", (out / "text.log").read_text()))
+for line in paths:
+    print(f"{'text, bf16':36} {line}")
 for line in (out / "bench.log").read_text().splitlines():
     words = line.split()
     if len(words) >= 6 and words[2] in ("trainer", "trl"):
