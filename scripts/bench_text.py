@@ -83,10 +83,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS") or 2))
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--output-dir", default="outputs/bench_text")
-    p.add_argument("--only", choices=["trainer", "trl", "sampling", "checkpoint"], help=argparse.SUPPRESS)
+    p.add_argument("--only", choices=["trainer", "trl", "sampling", "checkpoint", "memory"], help=argparse.SUPPRESS)
     p.add_argument("--size", choices=list(SIZES), help=argparse.SUPPRESS)
     p.add_argument("--checkpointing", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--objective", choices=list(OBJECTIVES), default="minimal", help=argparse.SUPPRESS)
+    p.add_argument("--vocab", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--forwards", choices=["packed", "padded"], default="packed", help=argparse.SUPPRESS)
     return p
 
 
@@ -99,9 +101,10 @@ def peak_mb(args: argparse.Namespace) -> float:
     return peak_memory_mb(torch.device(args.device))
 
 
-def write_models(out: Path, size: str) -> dict[str, Path]:
+def write_models(out: Path, size: str, vocab: int = 0) -> dict[str, Path]:
     """The example (texts, tokenizer) and this size's generator and reward model, each saved
-    with ``save_pretrained`` beside the tokenizer; the same files for both sides."""
+    with ``save_pretrained`` beside the tokenizer; the same files for both sides. ``vocab``: a
+    larger vocabulary than the tokenizer's (0: the tokenizer's)."""
     import torch
     from transformers import AutoTokenizer, GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
@@ -114,12 +117,12 @@ def write_models(out: Path, size: str) -> dict[str, Path]:
     tokenizer = AutoTokenizer.from_pretrained(example / "gpt2")
     layers, width, heads = SIZES[size]
     config = GPT2Config(
-        vocab_size=len(tokenizer), n_positions=128, n_embd=width, n_layer=layers, n_head=heads,
+        vocab_size=max(len(tokenizer), vocab), n_positions=128, n_embd=width, n_layer=layers, n_head=heads,
         bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.eos_token_id, num_labels=1,
     )  # fmt: skip
     for role, cls in (("generator", GPT2LMHeadModel), ("discriminator", GPT2ForSequenceClassification)):
-        paths[role] = out / size / role
+        paths[role] = out / (f"{size}-vocab-{vocab}" if vocab else size) / role
         if not (paths[role] / "config.json").is_file():
             torch.manual_seed(0)
             cls(config).save_pretrained(paths[role])
@@ -220,6 +223,10 @@ class PartTimes:
 
         return timed
 
+    def current(self) -> str:
+        """The part running now (``other`` outside every timed part)."""
+        return self._stack[-1][0] if self._stack else "other"
+
     def holds(self, part: str) -> bool:
         """Whether the call being made is inside ``part``."""
         return any(entry[0] == part for entry in self._stack)
@@ -243,9 +250,11 @@ def run_trainer(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path)
     """The trainer's stage 2 (``--objective``): steps/s, new tokens per step, peak memory and
     the time of each part of a step."""
     import trainer.collectives
+    from harness.forward_counts import ForwardCounts, count_task_tokens
     from trainer.loop import Trainer  # here, not at the top: the TRL side's memory is its own
 
     times, generated = PartTimes(), []
+    counts = ForwardCounts(times.current)
     time_adamw(times)  # before accelerate binds the optimizer's step
     with Trainer(trainer_config(args, paths, run_dir), device=args.device).start() as run:
         task = run.task
@@ -265,9 +274,14 @@ def run_trainer(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path)
         run.run_phase = times.wrap(run.run_phase, lambda phase: "D step" if phase is run.d else None, absorbing=True)
         backward = trainer.collectives.backward
         trainer.collectives.backward = times.wrap(backward, lambda *a: "G backward" if a[-1] == "generator" else None)
+        for model in (run.g.unwrapped, run.d.unwrapped, task.__dict__.get("reference")):
+            if model is not None:
+                counts.watch(model)
+        count_task_tokens(counts, task)
         for _ in range(args.warmup):
             run.train_step()
         times.reset()
+        counts.reset()
         generated.clear()
         start = time.perf_counter()
         for _ in range(args.steps):
@@ -278,6 +292,7 @@ def run_trainer(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path)
         "tokens_per_step": sum(generated) / args.steps,
         "peak_mb": peak_mb(args),
         "parts_ms": times.per_step(args.steps, seconds),
+        "forwards": counts.per_step(args.steps),
     }
 
 
@@ -289,9 +304,12 @@ def run_trl(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path) -> 
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from harness.forward_counts import ForwardCounts
+
     tokenizer = AutoTokenizer.from_pretrained(paths["generator"])
     total = args.warmup + args.steps
     times, ends, generated = PartTimes(), [], []
+    counts = ForwardCounts(times.current)
     scorer = AutoModelForSequenceClassification.from_pretrained(paths["discriminator"]).to(args.device).eval()
 
     def discriminator_rating(completion_ids: list[list[int]], **_: Any) -> list[float]:
@@ -313,6 +331,7 @@ def run_trl(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path) -> 
             ends.append(time.perf_counter())
             if len(ends) == args.warmup:
                 times.reset()
+                counts.reset()
                 generated.clear()
 
     beta = shipped_objective()["task_options"]["kl_coef"] if args.objective == "shipped" else 0.0
@@ -338,6 +357,9 @@ def run_trl(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path) -> 
     trl.compute_loss = times.wrap(trl.compute_loss, "G forward")
     trl.accelerator.backward = times.wrap(trl.accelerator.backward, "G backward")
     time_adamw(times)
+    for model in (trl.model, getattr(trl, "ref_model", None), scorer):
+        if model is not None:
+            counts.watch(trl.accelerator.unwrap_model(model), valid_from_mask=True)
     trl.train()
     seconds = ends[-1] - ends[args.warmup - 1] if args.warmup else ends[-1] - ends[0]
     return {
@@ -345,6 +367,7 @@ def run_trl(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path) -> 
         "tokens_per_step": sum(generated) / len(generated),
         "peak_mb": peak_mb(args),
         "parts_ms": times.per_step(args.steps, seconds),
+        "forwards": counts.per_step(args.steps),
     }
 
 
@@ -448,10 +471,44 @@ def run_checkpoint(args: argparse.Namespace, paths: dict[str, Path], run_dir: Pa
     return result
 
 
+#: vocabularies of the generator phase's memory row (Llama-2's 32,000 and GPT-2's 50,257)
+MEMORY_VOCABULARIES = (32000, 50257)
+
+
+def run_memory(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path) -> dict[str, Any]:
+    """The shipped objective's generator phase (its sampling, rewards, reference and the
+    generator's forward and backward), once: its peak memory above what the process held before
+    it, with the trainer's forwards or (``--forwards padded``) those before packing."""
+    import torch
+
+    from harness.padded import use_padded
+    from trainer.loop import Trainer
+
+    args.objective = "shipped"
+    with Trainer(trainer_config(args, paths, run_dir), device=args.device).start() as run:
+        if args.forwards == "padded":
+            use_padded(run.task)
+        device = run.accelerator.device
+        if device.type == "cuda":
+            before = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        else:
+            before = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            Path("/proc/self/clear_refs").write_text("5")  # the resident set's high-water mark := now
+        run.compute_gradients(run.g)
+        if device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(device)
+        else:
+            status = Path("/proc/self/status").read_text()
+            peak = 1024 * int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")))
+    return {"phase_peak_mb": (peak - before) / 2**20}
+
+
 def subprocess_run(args: argparse.Namespace, only: str, size: str, *extra: str) -> dict[str, Any]:
     """One measurement in a process of its own; its RESULT line."""
     command = [sys.executable, __file__, "--only", only, "--size", size, "--output-dir", args.output_dir]
-    for flag in ("steps", "warmup", "sampling_rounds", "batch", "new_tokens", "lr", "threads", "device", "objective"):
+    flags = ("steps", "warmup", "sampling_rounds", "batch", "new_tokens", "lr", "threads", "device", "objective")
+    for flag in flags:
         command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     done = subprocess.run([*command, *extra], capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
@@ -483,6 +540,11 @@ def compare(args: argparse.Namespace, size: str, objective: str) -> float:
     for side, results in rounds.items():
         parts = [statistics.median(r["parts_ms"][part] for r in results) for part in PARTS]
         print(f"{'':24} {side:8} " + " ".join(f"{value:8.1f}" for value in parts))
+    print(f"{'':24} positions computed / valid tokens per step, by part (training forwards)")
+    for side, results in rounds.items():
+        counted = results[-1]["forwards"]  # the last round's (every round samples from the same seeds)
+        cells = [f"{part} {p:.0f}/{v:.0f} ({p / v:.2f}x)" for part, (p, v) in counted.items() if v]
+        print(f"{'':24} {side:8} " + ", ".join(cells))
     ratios = [ours / theirs for ours, theirs in zip(rates["trainer"], rates["trl"], strict=True)]
     ratio = statistics.median(rates["trainer"]) / statistics.median(rates["trl"])
     print(f"{size:6} {objective:8} ratio trainer/trl (paired rounds {spread(ratios)}): {ratio:.2f}")
@@ -497,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-        paths = write_models(out, args.size)
+        paths = write_models(out, args.size, args.vocab)
         with tempfile.TemporaryDirectory(dir=out) as run_dir:
             result = RUNS[args.only](args, paths, Path(run_dir))
         print("RESULT " + json.dumps(result))
@@ -522,10 +584,22 @@ def main(argv: list[str] | None = None) -> int:
     recompute = subprocess_run(args, "trainer", largest, "--checkpointing")
     print(f"{largest:6} trainer with model.gradient_checkpointing: peak {recompute['peak_mb']:.0f} MB, "
           f"{recompute['steps_per_s']:.3f} steps/s")  # fmt: skip
+    for vocab in MEMORY_VOCABULARIES:
+        peaks = {f: subprocess_run(args, "memory", largest, "--vocab", str(vocab), "--forwards", f)["phase_peak_mb"]
+                 for f in ("padded", "packed")}  # fmt: skip
+        print(f"{largest:6} generator phase, shipped objective, vocabulary {vocab}: peak above its start "
+              f"{peaks['padded']:.0f} MB before packing, {peaks['packed']:.0f} MB packed, "
+              f"ratio {peaks['packed'] / peaks['padded']:.2f}")  # fmt: skip
     return 0
 
 
-RUNS = {"trainer": run_trainer, "trl": run_trl, "sampling": run_sampling, "checkpoint": run_checkpoint}
+RUNS = {
+    "trainer": run_trainer,
+    "trl": run_trl,
+    "sampling": run_sampling,
+    "checkpoint": run_checkpoint,
+    "memory": run_memory,
+}
 
 if __name__ == "__main__":
     sys.exit(main())

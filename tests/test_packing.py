@@ -1,11 +1,11 @@
 """Training forwards on packed rows of valid tokens give the padded computation's losses and
-gradients: every loss part, every parameter's gradient, on a fixed batch of mixed lengths, for
-GPT-2 and Llama; and the chosen tokens' log-probabilities without a float32 copy of the logits."""
+gradients (harness.padded: the forwards as they were before packing): every loss part, every
+parameter's gradient, on a fixed batch of mixed lengths, for GPT-2 and Llama; and the chosen
+tokens' log-probabilities without a float32 copy of the logits."""
 
 from __future__ import annotations
 
 import copy
-import functools
 from typing import Any
 
 import pytest
@@ -14,44 +14,13 @@ from helpers import check, launch, records
 from safetensors.torch import load_file
 from test_text import example, write_text_run  # noqa: F401 (example: the fixture)
 
+from harness.padded import use_padded
 from trainer.config import load_config
 from trainer.tasks.base import Penalties
-from trainer.tasks.packing import at_least_float32, chosen_log_probs, packed_layout
+from trainer.tasks.packing import chosen_log_probs, packed_layout
 from trainer.tasks.text import TextTask
 
 MAX_LENGTH, NEW_TOKENS = 24, 12
-
-
-# -- the padded computation, as the recipes computed it before packing ---------------------------
-def padded_token_log_probs(task, generator, sequences, temperature=1.0):
-    start = torch.full_like(sequences[:, :1], task.start_id)
-    inputs = torch.cat([start, sequences[:, :-1]], dim=1)
-    logits = at_least_float32(generator(input_ids=inputs, attention_mask=torch.ones_like(inputs)).logits)
-    if temperature != 1.0:
-        logits = logits / temperature
-    if task.banned:
-        banned = torch.zeros(logits.shape[-1], dtype=torch.bool)
-        banned[task.banned] = True
-        logits = logits.masked_fill(banned, -float("inf"))
-    return logits.log_softmax(-1).gather(2, sequences.unsqueeze(2)).squeeze(2)
-
-
-def padded_score(task, discriminator, samples):
-    return discriminator(input_ids=samples, attention_mask=task._attention(samples)).logits.reshape(-1)
-
-
-def padded_prefix_scores(task, discriminator, samples):
-    out = discriminator(input_ids=samples, attention_mask=task._attention(samples), output_hidden_states=True)
-    return at_least_float32(discriminator.score(out.hidden_states[-1]).squeeze(-1))
-
-
-def use_padded(task) -> None:
-    for name, function in (
-        ("token_log_probs", padded_token_log_probs),
-        ("score", padded_score),
-        ("prefix_scores", padded_prefix_scores),
-    ):
-        setattr(task, name, functools.partial(function, task))
 
 
 # -- a fixed batch of mixed lengths --------------------------------------------------------------
