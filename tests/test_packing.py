@@ -240,3 +240,34 @@ def test_a_model_that_ignores_the_restarts_takes_padded_batches(tmp_path, exampl
 
     assert task.packs(generator, "generator")
     assert not task.packs(IgnoresRestarts(generator), "generator")
+
+
+@pytest.mark.parametrize("architecture", ["gpt2", "llama"])
+def test_a_batch_with_little_padding_stays_a_batch_cut_after_its_longest_sequence(
+    tmp_path,
+    example,  # noqa: F811
+    architecture,
+    monkeypatch,
+):
+    """Sequences of one length (the oracle's) and one a token short: no packed rows (packing could
+    save at most 5%), the batch cut after its longest sequence, the padded values."""
+    task, generator, discriminator = text_task(tmp_path, example[architecture], {"reward": "sequence"})
+    rng = torch.Generator().manual_seed(3)
+    avoid = [task.eos_id, task.pad_id, task.start_id]
+    rows = [words(NEW_TOKENS, rng, avoid) for _ in range(6)]
+    rows[0] = rows[0][: NEW_TOKENS - 1] + [task.eos_id]
+    sequences = torch.nn.functional.pad(torch.tensor(rows), (0, 5), value=task.pad_id)  # 5 columns of padding
+    widths = []
+    for model, role in ((generator, "generator"), (discriminator, "discriminator")):
+        assert task.packs(model, role)  # the models take packed rows; this batch does not need them
+        model.register_forward_pre_hook(lambda _m, _a, k: widths.append(k["input_ids"].shape), with_kwargs=True)
+    monkeypatch.setattr("trainer.tasks.sequence_gan.packed_layout", None)  # a call would fail
+    mask = task.valid_mask(sequences)
+    with torch.no_grad():
+        got = task.token_log_probs(generator, sequences) * mask, task.score(discriminator, sequences)
+        # the longest: 12 tokens and the first padding token, which is the end token (GPT-2's pad)
+        assert widths == [(6, NEW_TOKENS + 1), (6, NEW_TOKENS + 1)]
+        use_padded(task)
+        want = task.token_log_probs(generator, sequences) * mask, task.score(discriminator, sequences)
+    for value, expected in zip(got, want, strict=True):
+        torch.testing.assert_close(value, expected, rtol=1e-6, atol=1e-5)

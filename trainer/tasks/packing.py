@@ -28,6 +28,16 @@ from torch import nn
 ROW_TOKENS = 256
 
 
+#: padding a batch may carry and still run as a batch: packing it could save that much at most,
+#: and packed rows cost each token more attention than a short batch's rows
+PADDING_KEPT = 0.05
+
+
+def widened(values: torch.Tensor, width: int) -> torch.Tensor:
+    """Per-position values [batch, n] of a batch cut after its longest sequence, 0 up to ``width``."""
+    return torch.nn.functional.pad(values, (0, width - values.shape[1])) if values.shape[1] < width else values
+
+
 @dataclass
 class PackedLayout:
     """Where each valid token of a [batch, length] batch sits in [rows, width] packed rows."""

@@ -33,7 +33,16 @@ from trainer.adapters import AdapterOff
 from trainer.errors import ConfigError
 from trainer.logs import without_log_records
 from trainer.tasks.base import Penalties, Task
-from trainer.tasks.packing import at_least_float32, captured_output, chosen_log_probs, packed_layout, takes_packed_rows
+from trainer.tasks.packing import (
+    PADDING_KEPT,
+    PackedLayout,
+    at_least_float32,
+    captured_output,
+    chosen_log_probs,
+    packed_layout,
+    takes_packed_rows,
+    widened,
+)
 from trainer.tasks.sampling import InverseCdfSampling
 from trainer.tasks.sequence_objectives import (
     kl_estimate,
@@ -228,20 +237,32 @@ class SequenceGanTask(Task):
             model(input_ids=inputs, position_ids=positions, attention_mask=mask, use_cache=False)
         return at_least_float32(seen[-1].squeeze(-1))
 
+    def _layout(self, model: nn.Module, role: str, sequences: torch.Tensor) -> tuple[PackedLayout | None, int]:
+        """How a forward of ``sequences`` runs: on packed rows (their layout), or as one batch cut
+        after its longest sequence (None), the longest sequence's length beside. A batch whose
+        padding is at most ``PADDING_KEPT`` of its tokens stays a batch (the oracle's, of one
+        length, has none)."""
+        lengths = self.lengths(sequences)
+        longest, total = int(lengths.max()), int(lengths.sum())
+        if self.packs(model, role) and sequences.shape[0] * longest > (1 + PADDING_KEPT) * total:
+            return packed_layout(lengths, sequences.shape[1]), longest
+        return None, longest
+
     def token_log_probs(self, generator: nn.Module, sequences: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
         """The generator's ``log p(token_t | start, tokens_<t)`` [batch, length] at ``temperature``,
         start token excluded, valid tokens only (0 past a sequence's end: the caller's mask
-        excludes those positions). Packed rows where the model takes them, else one padded batch
-        (padding is right of every real token, so a causal model's real positions never see it)."""
+        excludes those positions): on packed rows, or as one batch (padding is right of every
+        real token, so a causal model's real positions never see it)."""
         start = torch.full_like(sequences[:, :1], self.start_id)
         inputs = torch.cat([start, sequences[:, :-1]], dim=1)
-        if self.packs(generator, "generator"):
-            layout = packed_layout(self.lengths(sequences), sequences.shape[1])
+        layout, longest = self._layout(generator, "generator", sequences)
+        if layout is not None:
             logits = self._token_logits(generator, layout.pack(inputs, self.pad_id), layout.positions, None)
             return layout.unpack(chosen_log_probs(logits, layout.pack(sequences, 0), temperature, self._ban(logits)))
         # The start token may double as the padding id: the mask says nothing here is padding.
+        inputs, chosen = inputs[:, :longest], sequences[:, :longest]
         logits = self._token_logits(generator, inputs, None, torch.ones_like(inputs))
-        return chosen_log_probs(logits, sequences, temperature, self._ban(logits))
+        return widened(chosen_log_probs(logits, chosen, temperature, self._ban(logits)), sequences.shape[1])
 
     def _ban(self, logits: torch.Tensor) -> torch.Tensor | None:
         if not self.banned:
@@ -265,18 +286,21 @@ class SequenceGanTask(Task):
         return (columns * kept).argmax(1)
 
     def score(self, discriminator: nn.Module, samples: torch.Tensor) -> torch.Tensor:
-        if not self.packs(discriminator, "discriminator"):
-            mask = self._attention(samples)
-            return discriminator(input_ids=samples, attention_mask=mask, use_cache=False).logits.reshape(-1)
+        if not self.packs(discriminator, "discriminator"):  # no per-position head, or it ignores restarts
+            trimmed = samples[:, : int(self.lengths(samples).max())]
+            mask = self._attention(trimmed)
+            return discriminator(input_ids=trimmed, attention_mask=mask, use_cache=False).logits.reshape(-1)
         ratings = self.prefix_scores(discriminator, samples)
         return ratings.gather(1, self._pooled_positions(discriminator, samples).unsqueeze(1)).squeeze(1)
 
     def prefix_scores(self, discriminator: nn.Module, samples: torch.Tensor) -> torch.Tensor:
         """The discriminator's rating of every prefix of ``samples`` [batch, length]: its head on
-        each position's final hidden state (0 past a sequence's end, in packed rows)."""
-        if not self.packs(discriminator, "discriminator"):
-            return self._position_scores(discriminator, samples, None, self._attention(samples))
-        layout = packed_layout(self.lengths(samples), samples.shape[1])
+        each position's final hidden state (0 past a sequence's end)."""
+        layout, longest = self._layout(discriminator, "discriminator", samples)
+        if layout is None:
+            trimmed = samples[:, :longest]
+            ratings = self._position_scores(discriminator, trimmed, None, self._attention(trimmed))
+            return widened(ratings, samples.shape[1])
         rows = self._position_scores(discriminator, layout.pack(samples, self.pad_id), layout.positions, None)
         return layout.unpack(rows)
 
