@@ -56,6 +56,13 @@ from trainer.tasks.transformers_models import from_pretrained, load_pretrained
 logger = logging.getLogger("trainer")
 
 
+def packed_rows_unmasked() -> Any:
+    """A forward of packed rows has no attention mask by design (the restarts of ``position_ids``
+    are its mask), and transformers warns when it sees padding ids without one: the notice is
+    dropped."""
+    return without_log_records("transformers.modeling_utils", "passing in an `attention_mask`")
+
+
 class SequenceGanTask(Task):
     """A causal-LM generator against a sequence-classifier discriminator.
 
@@ -225,7 +232,8 @@ class SequenceGanTask(Task):
         model: nn.Module, inputs: torch.Tensor, positions: torch.Tensor | None, mask: torch.Tensor | None
     ) -> torch.Tensor:
         # no KV cache in a training forward: it costs memory, and a cache turns packing off
-        return model(input_ids=inputs, position_ids=positions, attention_mask=mask, use_cache=False).logits
+        with packed_rows_unmasked():
+            return model(input_ids=inputs, position_ids=positions, attention_mask=mask, use_cache=False).logits
 
     @staticmethod
     def _position_scores(
@@ -233,7 +241,7 @@ class SequenceGanTask(Task):
     ) -> torch.Tensor:
         """The classifier's head on every position [batch, length] (read from the head's own
         output, before the model pools one position: the head runs once)."""
-        with captured_output(extract_model_from_parallel(model).score) as seen:
+        with captured_output(extract_model_from_parallel(model).score) as seen, packed_rows_unmasked():
             model(input_ids=inputs, position_ids=positions, attention_mask=mask, use_cache=False)
         return at_least_float32(seen[-1].squeeze(-1))
 
