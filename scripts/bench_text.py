@@ -489,6 +489,11 @@ def run_memory(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path) 
         if args.forwards == "padded":
             use_padded(run.task)
         device = run.accelerator.device
+        # Every weight read once first: loaded weights may be mapped from their files, and the
+        # pages a first forward reads would count as the phase's memory
+        for model in (run.g.unwrapped, run.d.unwrapped, run.task.reference):
+            for tensor in [*model.parameters(), *model.buffers()]:
+                tensor.detach().sum()
         if device.type == "cuda":
             before = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)

@@ -213,15 +213,15 @@ class SequenceGanTask(Task):
             module = module.adapted
         if module not in self._packing:
             vocabulary = module.config.vocab_size
+            has_head = role == "generator" or isinstance(getattr(module, "score", None), nn.Module)
             if not self.options.packed:
-                answer = False
-            elif role == "generator":
-                answer = takes_packed_rows(module, self._token_logits, vocabulary)
+                answer, why = False, "task_options.packed is false"
+            elif not has_head:
+                answer, why = False, "no per-position score head"
             else:
-                head = getattr(module, "score", None)
-                answer = isinstance(head, nn.Module) and takes_packed_rows(module, self._position_scores, vocabulary)
+                outputs = self._token_logits if role == "generator" else self._position_scores
+                answer, why = takes_packed_rows(module, outputs, vocabulary), "it ignores the restarts"
             if role not in {r for r, _ in self._packing.values()}:
-                why = "task_options.packed is false" if not self.options.packed else "it ignores restarts"
                 path = "packed rows (restarting position_ids)" if answer else f"padded batches ({why})"
                 logger.info(f"{role} forwards ({type(module).__name__}): {path}")
             self._packing[module] = (role, answer)
