@@ -60,6 +60,11 @@ def test_the_gpu_check_runs_its_parts_on_the_cpu(tmp_path):
     assert re.search(r"checkpoint save\+load: trainer [\d.]+ s", table), table
     # the trainer's flush of its files, timed inside its own saves
     assert re.search(r"flushing its files to disk before the rename that publishes them [\d.]+ s", table), table
+    # the bf16 text run's forwards took packed rows, and the generator phase's memory at two vocabularies
+    assert "generator forwards (GPT2LMHeadModel): packed rows" in table, table
+    assert "discriminator forwards (GPT2ForSequenceClassification): packed rows" in table, table
+    for vocabulary in (32000, 50257):
+        assert re.search(rf"vocabulary {vocabulary}: peak above its start \d+ MB before packing, \d+ MB packed", table)
 
 
 def mixture_seeds(config: Path, output_dir: Path, *args: str) -> subprocess.CompletedProcess:

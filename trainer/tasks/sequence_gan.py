@@ -222,7 +222,8 @@ class SequenceGanTask(Task):
                 outputs = self._token_logits if role == "generator" else self._position_scores
                 answer, why = takes_packed_rows(module, outputs, vocabulary), "it ignores the restarts"
             if role not in {r for r, _ in self._packing.values()}:
-                path = "packed rows (restarting position_ids)" if answer else f"padded batches ({why})"
+                packed = f"packed rows (restarting position_ids) for batches of over {PADDING_KEPT:.0%} padding"
+                path = packed if answer else f"padded batches ({why})"
                 logger.info(f"{role} forwards ({type(module).__name__}): {path}")
             self._packing[module] = (role, answer)
         return self._packing[module][1]
