@@ -10,6 +10,7 @@ import functools
 from typing import Any
 
 import torch
+from accelerate.utils import extract_model_from_parallel
 
 from trainer.tasks.packing import at_least_float32
 
@@ -33,7 +34,7 @@ def score(task: Any, discriminator: Any, samples: torch.Tensor) -> torch.Tensor:
 
 def prefix_scores(task: Any, discriminator: Any, samples: torch.Tensor) -> torch.Tensor:
     out = discriminator(input_ids=samples, attention_mask=task._attention(samples), output_hidden_states=True)
-    head = getattr(discriminator, "module", discriminator).score
+    head = extract_model_from_parallel(discriminator).score
     return at_least_float32(head(out.hidden_states[-1]).squeeze(-1))
 
 

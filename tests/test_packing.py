@@ -157,7 +157,7 @@ def test_eval_log_probabilities_at_a_temperature_are_the_padded_ones(tmp_path, e
 
 def test_the_layout_computes_valid_tokens_only_and_gives_them_back():
     lengths = torch.tensor([24, 1, 12, 5, 24, 7, 3, 19])
-    layout = packed_layout(lengths, 24, row_tokens=40)
+    layout = packed_layout(lengths.tolist(), 24, torch.device("cpu"), row_tokens=40)
     assert layout.valid_tokens == int(lengths.sum())
     assert layout.rows * layout.width <= 1.05 * layout.valid_tokens
     values = torch.arange(8 * 24).view(8, 24) + 1

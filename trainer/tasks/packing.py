@@ -71,11 +71,12 @@ class PackedLayout:
         return out.index_put((self.sequence, self.offset), flat[self.place])
 
 
-def packed_layout(lengths: torch.Tensor, length: int, row_tokens: int = ROW_TOKENS) -> PackedLayout:
-    """The layout of sequences of ``lengths`` [batch] (of a batch ``length`` wide) in rows of
-    about ``row_tokens``: longest first, each to the row that holds fewest tokens so far (rows
-    end up within one sequence of each other); the width is the fullest row's."""
-    sizes = lengths.tolist()
+def packed_layout(sizes: list[int], length: int, device: torch.device, row_tokens: int = ROW_TOKENS) -> PackedLayout:
+    """The layout of sequences of ``sizes`` valid tokens (of a batch ``length`` wide) in rows of
+    about ``row_tokens`` on ``device``: longest first, each to the row that holds fewest tokens
+    so far (rows end up within one sequence of each other); the width is the fullest row's.
+    ``sizes`` is a list: the caller reads the lengths off the device once, for this and for its
+    own choice of path."""
     total = sum(sizes)
     rows = max(1, math.ceil(total / max(row_tokens, max(sizes, default=1))))
     fill, starts, row_of = [0] * rows, [0] * len(sizes), [0] * len(sizes)
@@ -84,8 +85,7 @@ def packed_layout(lengths: torch.Tensor, length: int, row_tokens: int = ROW_TOKE
         row_of[index], starts[index] = row, fill[row]
         fill[row] += sizes[index]
     width = max(max(fill), 1)
-    device = lengths.device
-    counts = lengths.to(torch.long)
+    counts = torch.tensor(sizes, dtype=torch.long, device=device)
     sequence = torch.repeat_interleave(torch.arange(len(sizes), device=device), counts)
     first = torch.cumsum(counts, 0) - counts
     offset = torch.arange(total, device=device) - torch.repeat_interleave(first, counts)
@@ -157,10 +157,12 @@ def _scaled(logits: torch.Tensor, temperature: float, banned: torch.Tensor | Non
     scaled = at_least_float32(logits)
     if temperature != 1.0:
         scaled = scaled / temperature
-    elif scaled is logits:
-        scaled = scaled.clone()  # the ban writes in place; the saved logits must stay
-    if banned is not None:
-        scaled.masked_fill_(banned, -float("inf"))
+    if banned is not None:  # in place on a copy of this function's own, never on the saved logits
+        scaled = (
+            scaled.masked_fill(banned, -float("inf"))
+            if scaled is logits
+            else scaled.masked_fill_(banned, -float("inf"))
+        )
     return scaled
 
 

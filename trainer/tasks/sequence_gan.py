@@ -56,10 +56,11 @@ from trainer.tasks.transformers_models import from_pretrained, load_pretrained
 logger = logging.getLogger("trainer")
 
 
-def packed_rows_unmasked() -> Any:
-    """A forward of packed rows has no attention mask by design (the restarts of ``position_ids``
-    are its mask), and transformers warns when it sees padding ids without one: the notice is
-    dropped."""
+def without_mask_notice() -> Any:
+    """transformers' notice that padding ids were seen without an attention mask, dropped: a
+    forward of packed rows has none by design (the restarts of ``position_ids`` are its mask),
+    and ``generate``'s first forward drops the all-ones mask it is given when the start token
+    doubles as the padding id (it does for GPT-2's tokenizer)."""
     return without_log_records("transformers.modeling_utils", "passing in an `attention_mask`")
 
 
@@ -180,9 +181,7 @@ class SequenceGanTask(Task):
             use_cache=True,
         )
         processors = [*self.warpers(temperature), InverseCdfSampling(uniforms, prompt.shape[1], self.banned)]
-        # The mask is passed; generate's first forward drops an all-ones one, and then warns
-        # when the start token doubles as the padding id (it does for GPT-2's tokenizer).
-        with without_log_records("transformers.modeling_utils", "passing in an `attention_mask`"):
+        with without_mask_notice():
             output = model.generate(
                 input_ids=prompt,
                 attention_mask=torch.ones_like(prompt),
@@ -233,7 +232,7 @@ class SequenceGanTask(Task):
         model: nn.Module, inputs: torch.Tensor, positions: torch.Tensor | None, mask: torch.Tensor | None
     ) -> torch.Tensor:
         # no KV cache in a training forward: it costs memory, and a cache turns packing off
-        with packed_rows_unmasked():
+        with without_mask_notice():
             return model(input_ids=inputs, position_ids=positions, attention_mask=mask, use_cache=False).logits
 
     @staticmethod
@@ -242,7 +241,7 @@ class SequenceGanTask(Task):
     ) -> torch.Tensor:
         """The classifier's head on every position [batch, length] (read from the head's own
         output, before the model pools one position: the head runs once)."""
-        with captured_output(extract_model_from_parallel(model).score) as seen, packed_rows_unmasked():
+        with captured_output(extract_model_from_parallel(model).score) as seen, without_mask_notice():
             model(input_ids=inputs, position_ids=positions, attention_mask=mask, use_cache=False)
         return at_least_float32(seen[-1].squeeze(-1))
 
@@ -251,10 +250,12 @@ class SequenceGanTask(Task):
         after its longest sequence (None), the longest sequence's length beside. A batch whose
         padding is at most ``PADDING_KEPT`` of its tokens stays a batch (the oracle's, of one
         length, has none)."""
-        lengths = self.lengths(sequences)
-        longest, total = int(lengths.max()), int(lengths.sum())
-        if self.packs(model, role) and sequences.shape[0] * longest > (1 + PADDING_KEPT) * total:
-            return packed_layout(lengths, sequences.shape[1]), longest
+        sizes = self.lengths(sequences).tolist()  # one read off the device for the choice and the layout
+        longest = max(sizes)
+        # The choice follows this rank's lengths, and changes no collective: either path is one
+        # forward of the same model (through DDP where it is wrapped), with the same parameters.
+        if self.packs(model, role) and len(sizes) * longest > (1 + PADDING_KEPT) * sum(sizes):
+            return packed_layout(sizes, sequences.shape[1], sequences.device), longest
         return None, longest
 
     def token_log_probs(self, generator: nn.Module, sequences: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -441,7 +442,6 @@ class SequenceGanTask(Task):
             return self.likelihood_ratio_loss(generator, num, rng, batch)
         with torch.no_grad():
             fake = self.generate(generator, num, rng, batch) if samples is None else samples
-            num = fake.shape[0]
             advantage, reward = self._advantages(fake, discriminator)
         mle = o.mle_weight > 0
         # One forward for generated and real sequences: DDP allows one forward per backward.
