@@ -15,6 +15,7 @@ from helpers import ROOT, SCRIPT, check, env, launch, records, write_run
 from trainer import cli
 from trainer.config import load_config
 from trainer.errors import ConfigError
+from trainer.integrity import write_digests
 from trainer.tasks import load_task
 
 
@@ -221,6 +222,7 @@ def test_a_checkpoint_record_without_a_part_names_it(tmp_path, capsys, lose, nam
     record = json.loads(state.read_text())
     del functools.reduce(dict.__getitem__, lose[:-1], record)[lose[-1]]
     state.write_text(json.dumps(record))
+    write_digests(state.parent)  # a record written that way, not one changed since
     code, err = run_cli(capsys, ["--config", str(config), "--device", "cpu", "--resume", "latest"])
     assert code == 2 and len(err) == 1, err
     assert f"step-0000002: cannot resume from this checkpoint: trainer_state.json {named}" in err[0]

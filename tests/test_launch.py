@@ -68,6 +68,7 @@ def test_ring_recipe_two_processes_writes_the_contract(tmp_path):
         "optimizer.bin",
         "scheduler.bin",
         "trainer_state.json",
+        "digests.json",
         "random_states_0.pkl",
         "random_states_1.pkl",
         "rank_state_0.safetensors",

@@ -83,10 +83,11 @@ def test_resume_is_bit_identical(tmp_path, processes, ema, models, record_format
     state_file = out / "checkpoints" / "step-0000003" / STATE_NAME
     record = json.loads(state_file.read_text())
     parts = {"format", "shape", "run", "data", "discriminator", "generator", *(["ema"] if ema else [])}
-    assert set(record) == parts and record["format"] == 2 and record["run"]["step"] == 3
+    assert set(record) == parts and record["format"] == 3 and record["run"]["step"] == 3
     assert record["generator"] == {"steps": 3, "skipped": 0, "consecutive_skips": 0}
-    if record_format == 1:
+    if record_format == 1:  # and, as then, without digests of its files
         state_file.write_text(json.dumps(as_format_1(record)))
+        (state_file.parent / "digests.json").unlink()
 
     # Without the old records, those the resumed run writes show where it started.
     (out / "metrics.jsonl").unlink()
@@ -132,7 +133,7 @@ def test_resume_is_exact_with_dropout_drawn_from_the_global_generator(tmp_path):
             assert torch.equal(value, uninterrupted[role][key]), f"{role}.{key} differs after resume"
 
 
-def test_latest_is_the_newest_complete_checkpoint(tmp_path):
+def test_latest_is_the_newest_complete_checkpoint(tmp_path, process_state):
     root = tmp_path / "checkpoints"
     for name, complete in [
         ("step-0000003", True),
@@ -143,5 +144,6 @@ def test_latest_is_the_newest_complete_checkpoint(tmp_path):
         (root / name).mkdir(parents=True)
         if complete:
             (root / name / STATE_NAME).write_text("{}")
-    assert resolve_resume("latest", tmp_path) == root / "step-0000012"
-    assert resolve_resume("latest", tmp_path / "elsewhere") is None
+    # records of the first layout, written before checkpoints held digests: taken unverified
+    assert resolve_resume("latest", tmp_path, verify=True) == root / "step-0000012"
+    assert resolve_resume("latest", tmp_path / "elsewhere", verify=True) is None

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from accelerate.logging import get_logger
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
-from trainer import collectives
+from trainer import collectives, integrity
 from trainer.config import Config
 from trainer.errors import CheckpointError
 from trainer.logs import without_log_records
@@ -58,10 +59,11 @@ class Stateful(Protocol):
     def load_state_dict(self, record: dict[str, Any]) -> None: ...
 
 
-#: the layout of ``trainer_state.json``: 2 keys each part's state by the part's name (``run``
-#: holds the step and the run id); checkpoints written before 2026-12-05 hold one flat mapping
-#: of every part's names, which :func:`parts_of_flat_record` reads
-RECORD_FORMAT = 2
+#: the layout of ``trainer_state.json``: from 2, each part's state keyed by the part's name
+#: (``run`` holds the step and the run id); checkpoints written before 2026-12-05 hold one flat
+#: mapping of every part's names, which :func:`parts_of_flat_record` reads; from 3 (2026-12-07)
+#: a checkpoint holds the digests of its files
+RECORD_FORMAT = 3
 
 
 def parts_of_flat_record(record: dict[str, Any]) -> dict[str, Any]:
@@ -86,7 +88,7 @@ def parts_of_flat_record(record: dict[str, Any]) -> dict[str, Any]:
 def read_record(path: Path) -> dict[str, Any]:
     """The record of the checkpoint at ``path``, in the current layout."""
     record = json.loads((path / STATE_NAME).read_text())
-    return record if record.get("format") == RECORD_FORMAT else parts_of_flat_record(record)
+    return record if record.get("format", 1) >= 2 else parts_of_flat_record(record)
 
 
 class Checkpoints:
@@ -176,15 +178,57 @@ def checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def resolve_resume(resume: str, output_dir: Path) -> Path | None:
-    """The checkpoint ``--resume`` names: ``latest`` (None when there is none yet) or a path."""
+def resolve_resume(resume: str, output_dir: Path, verify: bool) -> Path | None:
+    """The checkpoint ``--resume`` names: ``latest`` (None when there is none yet) or a path.
+    With ``verify``, its files are checked against their digests first: ``latest`` is then the
+    newest checkpoint that verifies (one warning line per one skipped), and a named checkpoint
+    that does not verify is a CheckpointError naming the file."""
     if resume == "latest":
-        found = checkpoints(output_dir)
-        return found[-1][1] if found else None
+        found = [path for _, path in reversed(checkpoints(output_dir))]
+        if not verify or not found:
+            return found[0] if found else None
+        problems = []
+        for path in found:
+            problem = timed_damage(path)
+            if problem is None:
+                return path
+            logger.warning(f"--resume latest: skipped {path.name}: {problem}")
+            problems.append(f"{path.name}: {problem}")
+        raise CheckpointError(f"{output_dir / 'checkpoints'}: no checkpoint verifies ({'; '.join(problems)})")
     path = Path(resume)
     if not (path / STATE_NAME).is_file():
         raise CheckpointError(f"{path}: not a complete checkpoint directory (no {STATE_NAME})")
+    if verify and (problem := timed_damage(path)) is not None:
+        raise CheckpointError(f"{path}: cannot resume from this checkpoint: {problem}")
     return path
+
+
+#: the first layout whose checkpoints hold digests (:mod:`trainer.integrity`)
+DIGESTS_FORMAT = 3
+
+
+def checkpoint_damage(path: Path) -> str | None:
+    """What is wrong with the files of the checkpoint at ``path`` (None when each matches its
+    digest); a checkpoint of a layout before digests is not checked."""
+    if not (path / integrity.DIGESTS_NAME).is_file():
+        try:
+            written_format = json.loads((path / STATE_NAME).read_text()).get("format", 1)
+        except (OSError, ValueError, AttributeError) as exc:
+            return f"{STATE_NAME} cannot be read ({type(exc).__name__}: {exc})"
+        if written_format < DIGESTS_FORMAT:
+            logger.info(f"{path.name}: written before checkpoints held digests; not verified")
+            return None
+    return integrity.damage(path)
+
+
+def timed_damage(path: Path) -> str | None:
+    """:func:`checkpoint_damage`, with one line saying what the check read and how long it took."""
+    began = time.perf_counter()
+    problem = checkpoint_damage(path)
+    if problem is None:
+        size_mb = sum(p.stat().st_size for p in integrity.files_of(path)) / 2**20
+        logger.info(f"{path.name} verified: {size_mb:.1f} MB in {time.perf_counter() - began:.2f} s")
+    return problem
 
 
 def fsync_tree(root: Path) -> None:
@@ -278,6 +322,7 @@ def save_checkpoint(
         (partial / STATE_NAME).write_text(json.dumps({"format": RECORD_FORMAT, **record, "shape": shape}, indent=1))
     collectives.barrier(accelerator, "after the checkpoint write")
     if accelerator.is_main_process:
+        integrity.write_digests(partial)  # read back: what a resume will check them against
         fsync_tree(partial)  # every rank's files, before the rename makes them the checkpoint
         if final.exists():
             shutil.rmtree(final)

@@ -212,9 +212,14 @@ def optimization(section: OptimizerSection, model: nn.Module, steps: int) -> tup
 def resume(accelerator: Accelerator, checkpoints: checkpoint.Checkpoints, which: str, output_dir: Path) -> int | None:
     """Load the checkpoint ``which`` (``--resume``) names, if there is one; the step it was taken at. Which
     checkpoint (or none) changes what every rank does next: rank 0's choice is taken by all, and
-    a rank that cannot read it fails them all."""
+    a rank that cannot read it fails them all. The main process alone checks the files against
+    their digests (one read of the checkpoint, not one per rank)."""
     acc = accelerator
-    path = collectives.agreed(acc, "finding the checkpoint", lambda: checkpoint.resolve_resume(which, output_dir))
+
+    def find() -> Path | None:
+        return checkpoint.resolve_resume(which, output_dir, verify=acc.is_main_process)
+
+    path = collectives.agreed(acc, "finding the checkpoint", find)
     path = collectives.from_main_process(acc, path, "the checkpoint to resume from")
     if path is None:
         logger.info(f"--resume {which}: no checkpoint in {output_dir}; starting fresh")

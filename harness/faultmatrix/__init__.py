@@ -24,6 +24,7 @@ SCENARIOS: dict[str, Callable[[Path, int], Outcome]] = {
     "init_truncated": input_faults.bad_init("truncated"),
     "init_pickle_with_code": input_faults.bad_init("pickle_with_code"),
     "kill_during_checkpoint": input_faults.kill_during_checkpoint,
+    **{f"checkpoint_{kind}": input_faults.damaged_checkpoint(kind) for kind in input_faults.DAMAGE},
     "terminate_one_rank": rank_faults.terminate_one_rank,
     "terminate_while_peer_frozen": rank_faults.terminate_while_peer_frozen,
     "eval_smaller_than_world": input_faults.eval_size(1, "eval set of 1 sample"),

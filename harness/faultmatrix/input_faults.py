@@ -1,6 +1,6 @@
-"""Faults in what a run reads and writes: bad init weights, a checkpoint cut by a kill, eval
-sets that do not split evenly, a run directory of another run or shape, an output directory
-not shared between nodes."""
+"""Faults in what a run reads and writes: bad init weights, a checkpoint cut by a kill or
+damaged after it was written, eval sets that do not split evenly, a run directory of another
+run or shape, an output directory not shared between nodes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.faultmatrix.runs import HARD_TIMEOUT, Outcome, Run, alive, error_lines, every_rank_says, wait
+from harness.faultmatrix.runs import (
+    HARD_TIMEOUT,
+    Outcome,
+    Run,
+    alive,
+    error_lines,
+    every_rank_says,
+    wait,
+    with_tail,
+)
 from harness.launch import ROOT, free_port, worker_env
 
 
@@ -100,7 +109,7 @@ def kill_during_checkpoint(work: Path, processes: int) -> Outcome:
         )
     from trainer.checkpoint import resolve_resume
 
-    latest = resolve_resume("latest", run.out)
+    latest = resolve_resume("latest", run.out, verify=True)
     resumed, seconds = run.run("--resume", "latest")
     latest_step = int(latest.name[5:]) if latest else -1
     caught_step = int(caught[len(".partial-step-") :])
@@ -120,6 +129,63 @@ def kill_during_checkpoint(work: Path, processes: int) -> Outcome:
         seconds,
         run.on_disk(),
     )
+
+
+#: how each damaged-checkpoint scenario harms the newest checkpoint: the file, what is done to it
+DAMAGE: dict[str, tuple[str, str]] = {
+    "truncated": ("model.safetensors", "cut by 100 bytes"),
+    "flipped_byte": ("optimizer.bin", "with one byte flipped"),
+    "missing": ("scheduler.bin", "deleted"),
+}
+
+
+def damage_file(path: Path, kind: str) -> None:
+    """Harm one file of a checkpoint the way ``kind`` names (see DAMAGE)."""
+    if kind == "truncated":
+        path.write_bytes(path.read_bytes()[:-100])
+    elif kind == "flipped_byte":
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    else:
+        path.unlink()
+
+
+def damaged_checkpoint(kind: str) -> Callable[[Path, int], Outcome]:
+    def scenario(work: Path, processes: int) -> Outcome:
+        """A file of the newest checkpoint damaged after it was written: ``--resume`` with its
+        path is refused by every rank with one line naming the file; ``--resume latest`` skips
+        it with one line, resumes from the checkpoint before and reaches max_steps."""
+        name, harm = DAMAGE[kind]
+        run = Run(work, processes, training={"max_steps": 6, "save_every": 3, "keep_checkpoints": 5})
+        first, _ = run.run()
+        newest = run.out / "checkpoints" / "step-0000006"
+        if first.returncode != 0 or not newest.is_dir():
+            return Outcome(f"checkpoint's {name} {harm}", processes, False, "the first run failed", 0.0, run.on_disk())
+        damage_file(newest / name, kind)
+        named, seconds = run.run("--resume", str(newest))
+        refused = named.returncode != 0 and every_rank_says(named.stderr, processes, "")
+        names_file = f"{newest}: cannot resume from this checkpoint: {name}" in named.stderr
+        latest, _ = run.run("--resume", "latest")
+        skips = [line for line in latest.stderr.splitlines() if "--resume latest: skipped step-0000006" in line]
+        train = run.records("train")
+        resumed = "step-0000003 at step 3" in latest.stderr and train and train[-1]["step"] == 6
+        ok = refused and names_file and latest.returncode == 0 and len(skips) == 1 and bool(resumed)
+        outcome = (
+            f"--resume PATH: exit {named.returncode}, {'names ' + name if names_file else 'file not named'}; "
+            f"--resume latest: exit {latest.returncode}, {len(skips)} skip line(s), "
+            f"{'resumed at step 3 to step 6' if resumed else 'did not resume at step 3'}"
+        )
+        return Outcome(
+            f"checkpoint's {name} {harm}",
+            processes,
+            ok,
+            with_tail(outcome, ok, named.stderr + latest.stderr, 3, 400),
+            seconds,
+            run.on_disk(),
+        )
+
+    return scenario
 
 
 def eval_size(size: int, label: str) -> Callable[[Path, int], Outcome]:
