@@ -6,6 +6,7 @@ weights are read by :mod:`trainer.weights`, the best/ and final/ exports written
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -22,7 +23,7 @@ from accelerate.logging import get_logger
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
-from trainer import collectives, integrity
+from trainer import collectives, integrity, storage
 from trainer.config import Config
 from trainer.errors import CheckpointError
 from trainer.logs import without_log_records
@@ -310,30 +311,89 @@ def save_checkpoint(
     root = output_dir / "checkpoints"
     step, run_id = record["run"]["step"], record["run"]["run_id"]
     final, partial = root / f"step-{step:07d}", root / f".partial-step-{step:07d}"
-    if accelerator.is_main_process:
+
+    def make_room() -> None:  # the main process; the others wait for it before writing
         shutil.rmtree(partial, ignore_errors=True)
-    collectives.barrier(accelerator, "before the checkpoint write")
-    with without_shared_tensor_notice():
-        accelerator.save_state(str(partial))
-    save_file(rank_state, str(partial / f"rank_state_{accelerator.process_index}.safetensors"))
-    if accelerator.is_main_process:
-        for name, module in modules.items():
-            save_model(module, str(partial / f"{name}.safetensors"))
-        (partial / STATE_NAME).write_text(json.dumps({"format": RECORD_FORMAT, **record, "shape": shape}, indent=1))
-    collectives.barrier(accelerator, "after the checkpoint write")
-    if accelerator.is_main_process:
-        integrity.write_digests(partial)  # read back: what a resume will check them against
-        fsync_tree(partial)  # every rank's files, before the rename makes them the checkpoint
-        if final.exists():
-            shutil.rmtree(final)
-        partial.rename(final)
-        fsync_path(root)
+        check_space(output_dir)
+
+    def write() -> None:  # every rank its part
+        with writing(partial, output_dir), without_shared_tensor_notice():
+            accelerator.save_state(str(partial))
+            save_file(rank_state, str(partial / f"rank_state_{accelerator.process_index}.safetensors"))
+            if accelerator.is_main_process:
+                for name, module in modules.items():
+                    save_model(module, str(partial / f"{name}.safetensors"))
+                state = {"format": RECORD_FORMAT, **record, "shape": shape}
+                (partial / STATE_NAME).write_text(json.dumps(state, indent=1))
+
+    def publish() -> None:  # the main process, once every rank has written its part
+        with writing(partial, output_dir):
+            integrity.write_digests(partial)  # read back: what a resume will check them against
+            fsync_tree(partial)  # every rank's files, before the rename makes them the checkpoint
+            if final.exists():
+                shutil.rmtree(final)
+            partial.rename(final)
+            fsync_path(root)
         for old in stale_checkpoints(output_dir, run_id, keep, final):
             shutil.rmtree(old, ignore_errors=True)
-    # Every rank leaves once the checkpoint has its final name (the callers' long-work bound
-    # covers the wait for the main process's rename and pruning).
-    collectives.barrier(accelerator, "after the checkpoint rename")
+
+    # Each step agreed: a full disk on one rank fails every rank at the same point, with the
+    # partial directory removed; every rank leaves once the checkpoint has its final name
+    # (the callers' long-work bound covers the waits for the main process).
+    try:
+        collectives.on_main_process(accelerator, "making room for the checkpoint", make_room)
+        collectives.agreed(accelerator, "writing the checkpoint", write)
+        collectives.on_main_process(accelerator, "publishing the checkpoint", publish)
+    except BaseException:
+        if accelerator.is_main_process:
+            shutil.rmtree(partial, ignore_errors=True)
+        raise
     return final
+
+
+def writing(path: Path, output_dir: Path) -> contextlib.AbstractContextManager[None]:
+    """:func:`trainer.storage.writing` for ``path`` of the run in ``output_dir``: a storage
+    fault while the block writes is one line that names what a resume has."""
+    return storage.writing(path, output_dir, functools.partial(last_complete, output_dir))
+
+
+def last_complete(output_dir: Path) -> str:
+    """What a resume of the run in ``output_dir`` has: its newest complete checkpoint and size."""
+    found = checkpoints(output_dir)
+    if not found:
+        return "no complete checkpoint yet"
+    path = found[-1][1]
+    return f"the last complete checkpoint is {path.name} ({checkpoint_mb(path):.1f} MB)"
+
+
+def checkpoint_mb(path: Path) -> float:
+    """The size of the checkpoint at ``path``, in MB."""
+    return sum(p.stat().st_size for p in integrity.files_of(path)) / 2**20
+
+
+#: room kept beyond the size of the last checkpoint before a write starts (records, metadata)
+SPACE_MARGIN_MB = 1.0
+
+
+def check_space(output_dir: Path) -> None:
+    """A StorageError when the output directory is gone or its disk cannot hold another
+    checkpoint of the size of the newest: stopping before the write leaves no partial files,
+    and keeps the space that the metrics and other writers of the disk still need."""
+    if not output_dir.is_dir():
+        raise storage.StorageError(
+            f"the output directory {output_dir} is gone (deleted or unmounted since the run started); "
+            "nothing of this run can be written"
+        )
+    found = checkpoints(output_dir)
+    if not found:
+        return
+    needed, free = checkpoint_mb(found[-1][1]) + SPACE_MARGIN_MB, storage.free_mb(output_dir)
+    if free < needed:
+        raise storage.StorageError(
+            f"no space left on the device for the next checkpoint in {output_dir / 'checkpoints'} "
+            f"({free:.1f} MB free, {needed:.1f} MB needed); {last_complete(output_dir)}; "
+            "free space, then continue with --resume latest"
+        )
 
 
 def load_checkpoint(

@@ -50,11 +50,15 @@ def publish(directory: Path, write: Callable[[Path], None], extras: Callable[[Pa
     """``write`` (then ``extras``) into a partial directory, then renamed to ``directory`` whole."""
     partial = directory.with_name(f".partial-{directory.name}")
     shutil.rmtree(partial, ignore_errors=True)
-    write(partial)
-    if extras is not None:
-        extras(partial)
+    try:
+        write(partial)
+        if extras is not None:
+            extras(partial)
+        checkpoint.fsync_tree(partial)
+    except BaseException:  # a full disk: the partial files go, the published directory stays
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     if directory.exists():
         shutil.rmtree(directory)
-    checkpoint.fsync_tree(partial)
     partial.rename(directory)
     checkpoint.fsync_path(directory.parent)

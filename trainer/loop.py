@@ -201,7 +201,8 @@ class Trainer:
             {**({"ema": self.ema.averaged} if self.ema else {}), **task.checkpoint_modules()},
         )
         resumed_from = run_parts.resume(acc, self.checkpoints, self.resume, self.output_dir) if self.resume else None
-        metrics = MetricsLog(acc, self.output_dir, resumed_from) if training else None
+        with checkpoint.writing(self.output_dir / "metrics.jsonl", self.output_dir):
+            metrics = MetricsLog(acc, self.output_dir, resumed_from) if training else None
         phases = (self.d, self.g)
         self.outputs = RunOutputs(
             acc, cfg, task, self.output_dir, phases, self.state, self.checkpoints, self.ema, eval_loader, metrics

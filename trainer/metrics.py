@@ -9,6 +9,7 @@ from typing import Any
 
 from accelerate import Accelerator
 
+from trainer import storage
 from trainer.config import Config
 from trainer.config.schema import to_mapping
 
@@ -75,9 +76,13 @@ class MetricsLog:
         kept = []
         if resumed_step is not None and self.path.is_file():
             for line in self.path.read_text().splitlines():
-                if line.strip() and json.loads(line)["step"] <= resumed_step:
+                try:
+                    record = json.loads(line)
+                except ValueError:  # a record cut by a full disk (or blank): it was never whole
+                    continue
+                if record["step"] <= resumed_step:
                     kept.append(line + "\n")
-        self.path.write_text("".join(kept))
+        storage.write_whole(self.path, "".join(kept))  # a full disk cannot cut the records kept
 
     def write(self, split: str, step: int, values: dict[str, Any]) -> None:
         """Record ``values`` for ``split`` at ``step`` (a no-op off the main process)."""

@@ -17,7 +17,7 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from tqdm.auto import tqdm
 
-from trainer import batch_norm, collectives, exports, world
+from trainer import batch_norm, checkpoint, collectives, exports, world
 from trainer.checkpoint import Checkpoints, TrainState
 from trainer.config import Config
 from trainer.ema import GeneratorEma
@@ -119,7 +119,8 @@ class RunOutputs:
             steps_per_s=steps / elapsed if elapsed > 0 else None,
             peak_memory_mb=world.peak_memory_mb(acc.device),
         )
-        self.metrics.write("train", self.state.step, values)
+        with checkpoint.writing(self.metrics.path, self.output_dir):
+            self.metrics.write("train", self.state.step, values)
         if self.progress_lines:  # no progress bar: one line per log step instead
             losses = " ".join(f"{name} {values[name]:.4g}" for name in names)
             rate = f", {values['steps_per_s']:.2f} steps/s" if values["steps_per_s"] else ""
@@ -152,12 +153,14 @@ class RunOutputs:
         acc, t, state = self.accelerator, self.config.training, self.state
         with self._outside_throughput():
             metrics, outputs = self.score()
-            self.metrics.write("eval", state.step, metrics)
+            with checkpoint.writing(self.metrics.path, self.output_dir):
+                self.metrics.write("eval", state.step, metrics)
             # The others wait for the main process's plots and samples here, named and with the
             # long-work bound, rather than in the next step's all-reduce with the short one.
             with HEARTBEAT.long_work("waiting for the main process's on_eval"):
                 if acc.is_main_process:
-                    self.task.on_eval(state.step, outputs, self.output_dir, acc.trackers)
+                    with checkpoint.writing(self.output_dir, self.output_dir):
+                        self.task.on_eval(state.step, outputs, self.output_dir, acc.trackers)
                 collectives.barrier(acc, "after on_eval")
             if t.best_metric:
                 value = metrics.get(t.best_metric)
@@ -182,13 +185,14 @@ class RunOutputs:
         with HEARTBEAT.long_work(f"writing {name}/ (main process)"):
             for directory, model in models.items():
                 extras = functools.partial(self.task.save_with, directory.removesuffix("_raw"))
-                exports.export_model(
-                    self.accelerator,
-                    model,
-                    self.output_dir / name / directory,
-                    extras,
-                    self.config.model.peft_merge_on_export,
-                )
+                with checkpoint.writing(self.output_dir / name / directory, self.output_dir):
+                    exports.export_model(
+                        self.accelerator,
+                        model,
+                        self.output_dir / name / directory,
+                        extras,
+                        self.config.model.peft_merge_on_export,
+                    )
             collectives.barrier(self.accelerator, f"after writing {name}/")
 
     @watched

@@ -17,7 +17,7 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from torch import nn
 
-from trainer import adapters, checkpoint, collectives, weights
+from trainer import adapters, checkpoint, collectives, storage, weights
 from trainer.config import Config, InitSection, OptimizerSection, RunConfig, TrainingSection
 from trainer.config.model_configs import is_model_source
 from trainer.config.schema import to_mapping
@@ -39,10 +39,15 @@ def claim_run(accelerator: Accelerator, run: RunConfig, fresh: bool, overwrite: 
         collectives.on_main_process(
             accelerator, "claiming the output directory", lambda: checkpoint.claim_output_dir(output_dir, overwrite)
         )
+
+    def write_config() -> None:  # the run's first write: a directory that cannot take it is one line
+        with checkpoint.writing(output_dir, output_dir):
+            write_resolved(run, output_dir)
+
+    # a write that can fail (a full disk) on the main process alone: agreed, so no rank waits
+    collectives.on_main_process(accelerator, "writing the resolved config", write_config)
     run_id = collectives.from_main_process(accelerator, uuid.uuid4().hex, "the run id")
     collectives.check_shared_output_dir(accelerator, output_dir, run_id)
-    # a write that can fail (a full disk) on the main process alone: agreed, so no rank waits
-    collectives.on_main_process(accelerator, "writing the resolved config", lambda: write_resolved(run, output_dir))
     return run_id
 
 
@@ -60,12 +65,12 @@ def write_resolved(run: RunConfig, output_dir: Path) -> None:
             sources[role] = source
             continue
         sources[role] = str(output_dir / f"{role}.yaml")
-        (output_dir / f"{role}.yaml").write_text(yaml.safe_dump(fields, **dump))
+        storage.write_whole(output_dir / f"{role}.yaml", yaml.safe_dump(fields, **dump))
     model = dataclasses.replace(
         run.config.model, generator_config=sources["generator"], discriminator_config=sources["discriminator"]
     )
     cfg = dataclasses.replace(run.config, model=model)
-    (output_dir / "config.yaml").write_text(yaml.safe_dump(to_mapping(cfg), **dump))
+    storage.write_whole(output_dir / "config.yaml", yaml.safe_dump(to_mapping(cfg), **dump))
 
 
 def load_model(task: Task, init: str, role: str, build: Callable[[], nn.Module]) -> nn.Module:

@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.faultmatrix import input_faults, node_faults, rank_faults
+from harness.faultmatrix import input_faults, node_faults, rank_faults, storage_faults
 from harness.faultmatrix.runs import Outcome
 
 SCENARIOS: dict[str, Callable[[Path, int], Outcome]] = {
@@ -25,6 +25,10 @@ SCENARIOS: dict[str, Callable[[Path, int], Outcome]] = {
     "init_pickle_with_code": input_faults.bad_init("pickle_with_code"),
     "kill_during_checkpoint": input_faults.kill_during_checkpoint,
     **{f"checkpoint_{kind}": input_faults.damaged_checkpoint(kind) for kind in input_faults.DAMAGE},
+    "disk_full_at_first_checkpoint": storage_faults.full_at_first_checkpoint,
+    "disk_too_full_for_next_checkpoint": storage_faults.too_full_for_the_next,
+    "output_read_only": storage_faults.read_only,
+    "output_removed": storage_faults.removed_while_training,
     "terminate_one_rank": rank_faults.terminate_one_rank,
     "terminate_while_peer_frozen": rank_faults.terminate_while_peer_frozen,
     "eval_smaller_than_world": input_faults.eval_size(1, "eval set of 1 sample"),
