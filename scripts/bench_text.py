@@ -9,7 +9,8 @@ Both sides train the same generator (a GPT-2, fresh weights from one seed, the o
 tokenizer) from the start token alone, 16 sequences of up to 20 new tokens per optimizer step,
 both models in the mode of their use (the trained one in train mode) with every dropout off (the
 shipped text_stage2.yaml's `model.disable_dropout`, TRL's `disable_dropout`), torch's AdamW
-(foreach) with betas 0.9/0.999 at a constant learning rate, gradient norm clipped at 1, fp32,
+(foreach) with betas 0.9/0.999 at a constant learning rate, gradient norm clipped at 1, fp32
+(`--precision bf16`: bf16 autocast on both sides, as scripts/gpu_check.sh runs it on a GPU),
 the same threads (`--threads`, default OMP_NUM_THREADS, else 2), TRL's logging off during the
 timed steps. TRL's reward is a function on the completions' token ids that runs the frozen
 sequence classifier on the start token and the completion and returns its sigmoid, as the
@@ -82,6 +83,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS") or 2))
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--precision", default="no", choices=["no", "bf16"], help="both sides: fp32 or bf16 autocast")
     p.add_argument("--output-dir", default="outputs/bench_text")
     p.add_argument("--only", choices=["trainer", "trl", "sampling", "checkpoint", "memory"], help=argparse.SUPPRESS)
     p.add_argument("--size", choices=list(SIZES), help=argparse.SUPPRESS)
@@ -132,12 +134,13 @@ def write_models(out: Path, size: str, vocab: int = 0) -> dict[str, Path]:
 
 def shipped_objective() -> dict[str, Any]:
     """The objective of the shipped configs/training/text_stage2.yaml: its task options,
-    training loss and discriminator steps, optimizers and dropout setting (not its sizes)."""
+    training loss, discriminator steps and whether they share the generator step's samples,
+    optimizers and dropout setting (not its sizes)."""
     import yaml
 
     shipped = yaml.safe_load((ROOT / "configs" / "training" / "text_stage2.yaml").read_text())
     options = {k: v for k, v in shipped["task_options"].items() if k not in ("max_new_tokens", "text_column")}
-    training = {k: shipped["training"][k] for k in ("objective", "d_steps_per_g_step", "loss")}
+    training = {k: shipped["training"][k] for k in ("objective", "d_steps_per_g_step", "loss", "share_samples")}
     return {"task_options": options, "training": training, "optim": shipped["optim"]}
 
 
@@ -175,7 +178,7 @@ def trainer_config(args: argparse.Namespace, paths: dict[str, Path], run_dir: Pa
                 "save_every": 10**6,
                 "log_every": 10**6,
                 "log_with": ["none"],
-                "mixed_precision": "no",
+                "mixed_precision": args.precision,
                 "d_steps_per_g_step": 0,
                 **training,
             },  # fmt: skip
@@ -262,7 +265,9 @@ def run_trainer(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path)
 
         def counting_generate(*a: Any, **k: Any) -> Any:
             sequences = generate(*a, **k)
-            if not times.holds("D step"):  # the D step samples for itself
+            # the samples the generator learns from: the D step's with training.share_samples,
+            # else the G phase's own (the D step then samples for itself)
+            if times.holds("D step") == run.config.training.share_samples:
                 mask = task.generated_mask(sequences)
                 generated.append(sequences.numel() if mask is None else int(mask.sum()))
             return sequences
@@ -340,7 +345,7 @@ def run_trl(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path) -> 
         num_generations=args.batch, max_completion_length=args.new_tokens, learning_rate=args.lr,
         lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=1.0, beta=beta, num_iterations=1,
         optim="adamw_torch", adam_beta1=0.9, adam_beta2=0.999, disable_dropout=True,
-        temperature=1.0, use_cpu=args.device == "cpu", bf16=False, gradient_checkpointing=False,
+        temperature=1.0, use_cpu=args.device == "cpu", bf16=args.precision == "bf16", gradient_checkpointing=False,
         logging_steps=total + 1, report_to="none", save_strategy="no", disable_tqdm=True, seed=0,
     )  # fmt: skip
     prompts = Dataset.from_dict({"prompt": [tokenizer.bos_token] * total})
@@ -485,7 +490,8 @@ def run_memory(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path) 
     from trainer.loop import Trainer
 
     args.objective = "shipped"
-    with Trainer(trainer_config(args, paths, run_dir), device=args.device).start() as run:
+    # the phase alone, with its own sampling (shared samples would come from a D step not run)
+    with Trainer(trainer_config(args, paths, run_dir, share_samples=False), device=args.device).start() as run:
         if args.forwards == "padded":
             use_padded(run.task)
         device = run.accelerator.device
@@ -512,7 +518,8 @@ def run_memory(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path) 
 def subprocess_run(args: argparse.Namespace, only: str, size: str, *extra: str) -> dict[str, Any]:
     """One measurement in a process of its own; its RESULT line."""
     command = [sys.executable, __file__, "--only", only, "--size", size, "--output-dir", args.output_dir]
-    flags = ("steps", "warmup", "sampling_rounds", "batch", "new_tokens", "lr", "threads", "device", "objective")
+    flags = ("steps", "warmup", "sampling_rounds", "batch", "new_tokens", "lr", "threads", "device", "objective",
+             "precision")  # fmt: skip
     for flag in flags:
         command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     done = subprocess.run([*command, *extra], capture_output=True, text=True)
@@ -569,8 +576,9 @@ def main(argv: list[str] | None = None) -> int:
             result = RUNS[args.only](args, paths, Path(run_dir))
         print("RESULT " + json.dumps(result))
         return 0
+    precision = "fp32" if args.precision == "no" else args.precision
     print(f"{args.batch} sequences x {args.new_tokens} new tokens per step, {args.threads} threads, {args.device}, "
-          f"{args.rounds} alternated rounds of {args.steps} timed steps per side (medians)")  # fmt: skip
+          f"{precision}, {args.rounds} alternated rounds of {args.steps} timed steps per side (medians)")  # fmt: skip
     print(f"{'size':6} {'objective':8} {'side':8} {'steps/s':>9} {'tokens':>8} {'peak MB':>8}")
     for size in args.sizes:
         for objective in args.objectives:

@@ -7,7 +7,8 @@
 # 2. the ring (configs/training/ring.yaml) in bf16 for STEPS steps;
 # 3. the text recipe on the offline example in bf16: stage 1 then stage 2, STEPS steps each (and
 #    whether its forwards took packed rows);
-# 4. scripts/bench_text.py at GPT-2-small shape against TRL (tokens/s, steps/s, checkpoint).
+# 4. scripts/bench_text.py at GPT-2-small shape against TRL in bf16 (tokens/s of the packed training
+#    forwards, steps/s, checkpoint).
 # Each part's output goes to OUT/<part>.log. Environment: DEVICE (cuda; cpu runs the same parts
 # on the CPU over gloo, as tests/test_bench.py does), STEPS (300), OUT (outputs/gpu_check),
 # BENCH_ARGS (--sizes small), TEXT_ARGS (more flags of part 3; none).
@@ -52,9 +53,10 @@ echo "3/4 text, bf16, stage 1 then stage 2, $STEPS steps each"
 # shellcheck disable=SC2086  # TEXT_ARGS is a list of flags
 "$PYTHON" scripts/run_text.py --device "$DEVICE" --seeds 0 --output-dir "$OUT/text" "${SHORT[@]}" $TEXT_ARGS \
     > "$OUT/text.log" 2>&1
-echo "4/4 bench_text.py $BENCH_ARGS"
+echo "4/4 bench_text.py, bf16, $BENCH_ARGS"
 # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
-"$PYTHON" scripts/bench_text.py --device "$DEVICE" --output-dir "$OUT/bench" $BENCH_ARGS > "$OUT/bench.log" 2>&1
+"$PYTHON" scripts/bench_text.py --device "$DEVICE" --precision bf16 --output-dir "$OUT/bench" $BENCH_ARGS \
+    > "$OUT/bench.log" 2>&1
 
 "$PYTHON" - "$OUT" <<'PYTHON'
 import json, re, sys
@@ -81,7 +83,7 @@ for line in (out / "bench.log").read_text().splitlines():
     words = line.split()
     if len(words) >= 6 and words[2] in ("trainer", "trl"):
         size, objective, side, steps, tokens, peak = words[:6]
-        name = f"bench_text {size} {objective}, {side}"
+        name = f"bench_text {size} {objective}, {side}, bf16"
         print(f"{name:36} {float(tokens) * float(steps):10.0f} {float(steps):9.2f} {float(peak):9.0f} {'-':>13}")
     elif "checkpoint save+load" in line or "ratio" in line or "gradient_checkpointing" in line:
         print(f"{'bench_text':36} {line.strip()}")

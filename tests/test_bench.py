@@ -51,7 +51,7 @@ def test_the_gpu_check_runs_its_parts_on_the_cpu(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr[-3000:] + logs
     table = done.stdout[done.stdout.index("check ") :]
     assert "doctor (rank 0): verdict: OK" in table and "group of one: gloo all_reduce 16 MB" in table, table
-    sides = [f"bench_text tiny {objective}, {side}" for objective in ("minimal", "shipped") for side in SIDES]
+    sides = [f"bench_text tiny {objective}, {side}, bf16" for objective in ("minimal", "shipped") for side in SIDES]
     for name in ("ring, bf16", "text stage 2, bf16", *sides):
         row = next(line for line in table.splitlines() if line.startswith(name))
         numbers = [float(word) for word in row[len(name) :].split() if word != "-"]
