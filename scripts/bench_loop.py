@@ -144,7 +144,7 @@ def paired(rounds: int, block: int, device: str, result: Path) -> None:
     # The bench drives the trainer's steps itself, to interleave the blocks.
     with trainer.start():
         acc = trainer.accelerator
-        data = trainer.stream.dataloader.dataset.columns["points"]
+        data = trainer.stream.dataset.columns["points"]
         plain = PlainLoop(
             trainer.g.model, trainer.d.model, trainer.g.optimizer.optimizer, trainer.d.optimizer.optimizer,
             data, acc.process_index, acc.num_processes, acc.device,

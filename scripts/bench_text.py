@@ -276,7 +276,8 @@ def run_trainer(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path)
         task._advantages = times.wrap(task._advantages, "reward")
         task.kl_to_reference = times.wrap(task.kl_to_reference, "reference")
         run.g.compute = times.wrap(run.g.compute, "G forward")
-        run.run_phase = times.wrap(run.run_phase, lambda phase: "D step" if phase is run.d else None, absorbing=True)
+        d_step = lambda phase, slot: "D step" if phase is run.d else None  # noqa: E731
+        run.run_phase = times.wrap(run.run_phase, d_step, absorbing=True)
         backward = trainer.collectives.backward
         trainer.collectives.backward = times.wrap(backward, lambda *a: "G backward" if a[-1] == "generator" else None)
         for model in (run.g.unwrapped, run.d.unwrapped, task.__dict__.get("reference")):
@@ -506,7 +507,7 @@ def run_memory(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path) 
         else:
             before = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
             Path("/proc/self/clear_refs").write_text("5")  # the resident set's high-water mark := now
-        run.compute_gradients(run.g)
+        run.compute_gradients(run.g, 1)  # the G phase of a step of one D phase
         if device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(device)
         else:

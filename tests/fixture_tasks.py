@@ -196,3 +196,19 @@ class ModeWatch(GaussianMixtureTask):
             return outputs
         finally:
             ModeWatch.where = "training"
+
+
+class IndexedTraining(GaussianMixtureTask):
+    """The ring recipe whose training samples carry their index: each rank appends the indices
+    of each real micro-batch it takes, in order, to OUTPUT/indices-rank{R}.jsonl."""
+
+    def train_dataset(self):
+        dataset = super().train_dataset()
+        dataset.columns["index"] = torch.arange(len(dataset))
+        return dataset
+
+    def real(self, batch):
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        with (Path(self.config.output_dir) / f"indices-rank{rank}.jsonl").open("a") as log:
+            log.write(json.dumps(batch["index"].tolist()) + "\n")
+        return super().real(batch)

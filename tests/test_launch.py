@@ -71,8 +71,6 @@ def test_ring_recipe_two_processes_writes_the_contract(tmp_path):
         "digests.json",
         "random_states_0.pkl",
         "random_states_1.pkl",
-        "rank_state_0.safetensors",
-        "rank_state_1.safetensors",
     ):
         assert (checkpoint / name).is_file(), name
     for kind in ("best", "final"):

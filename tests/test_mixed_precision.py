@@ -23,8 +23,8 @@ def step_two_generator(tmp_path, monkeypatch, inject: bool):
     trainer = Trainer(load_config(config), device="cpu")
     with trainer.start():
         scaler = trainer.accelerator.scaler
-        trainer.run_phase(trainer.d)
-        trainer.run_phase(trainer.g)
+        trainer.run_phase(trainer.d, 0)
+        trainer.run_phase(trainer.g, 1)
         d_before = {k: v.clone() for k, v in trainer.d.model.state_dict().items()}
         scale_before = scaler.get_scale()
         if inject:
@@ -33,7 +33,7 @@ def step_two_generator(tmp_path, monkeypatch, inject: bool):
             for group in trainer.d.optimizer.param_groups:
                 group["lr"] = 0.0
         try:
-            trainer.run_phase(trainer.d)
+            trainer.run_phase(trainer.d, 0)
         finally:
             Overflow.armed = False
         facts = {
@@ -41,7 +41,7 @@ def step_two_generator(tmp_path, monkeypatch, inject: bool):
             "scale_ratio": scaler.get_scale() / scale_before,
             "d_unchanged": all(torch.equal(v, d_before[k]) for k, v in trainer.d.model.state_dict().items()),
         }
-        trainer.run_phase(trainer.g)
+        trainer.run_phase(trainer.g, 1)
         facts["skipped_g"] = trainer.g.skipped
         return {k: v.clone() for k, v in trainer.g.model.state_dict().items()}, facts
 

@@ -128,10 +128,9 @@ def assert_train_records(out, processes, accumulation):
     assert train[-1]["d_steps"] == STEPS * D_STEPS and train[-1]["g_steps"] == STEPS
 
     # Exactly `accumulation` micro-batches per D phase: the data position says how many
-    # batches each rank took (the G phase of this task takes none).
+    # micro-batches all ranks took (the G phase of this task takes none).
     state = json.loads((out / "checkpoints" / "step-0000003" / "trainer_state.json").read_text())
-    batches_per_epoch = TRAIN_SIZE // (BATCH * processes)
-    assert state["data"]["epoch"] * batches_per_epoch + state["data"]["position"] == STEPS * D_STEPS * accumulation
+    assert state["data"]["micro_batches"] == STEPS * D_STEPS * accumulation * processes
 
 
 @pytest.mark.timeout(300)
@@ -180,11 +179,11 @@ def test_logged_gradient_norms_are_those_of_the_log_step(tmp_path):
 def test_generator_phase_leaves_discriminator_untouched(tmp_path):
     config = write_reference_run(tmp_path, 2, task="fixture_tasks:FixedNoiseMixture")
     with Trainer(load_config(config), device="cpu").start() as trainer:
-        trainer.run_phase(trainer.d)
+        trainer.run_phase(trainer.d, 0)
         g_before = {k: v.clone() for k, v in trainer.g.model.state_dict().items()}
         # The first step of the linear warm-up has learning rate 0; the second moves G.
         for _ in range(2):
-            trainer.run_phase(trainer.g)
+            trainer.run_phase(trainer.g, 1)
         # Only D's optimizer could change D's weights; what the G phase could do wrong is leave
         # gradients in D, which its next step would apply.
         assert all(p.grad is None for p in trainer.d.model.parameters())

@@ -17,10 +17,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
-from safetensors.torch import load_file, load_model, save_file, save_model
+from safetensors.torch import load_model, save_model
 from torch import nn
 
 from trainer import collectives, integrity, storage
@@ -72,7 +71,7 @@ def parts_of_flat_record(record: dict[str, Any]) -> dict[str, Any]:
     parts: dict[str, Any] = {
         "shape": record.get("shape"),
         "run": {name: record[name] for name in ("step", "best_value", "best_step", "run_id") if name in record},
-        "data": {name: record[name] for name in ("epoch", "position") if name in record},
+        "data": {name: record[name] for name in ("epoch", "position", "micro_batches") if name in record},
     }
     for role, name in (("discriminator", "d"), ("generator", "g")):
         flat = {
@@ -94,35 +93,32 @@ def read_record(path: Path) -> dict[str, Any]:
 
 class Checkpoints:
     """Saves and loads a run's whole state: accelerate's (models, optimizers, schedulers,
-    GradScaler, RNGs), each of ``parts`` under its name in ``trainer_state.json``, ``modules``
-    that are the same on every rank (``NAME.safetensors``, by the main process) and each rank's
-    ``noise`` generator; keeps the newest ``keep`` of this run's checkpoints. ``parts`` has a
-    ``run``: the :class:`TrainState`, whose step names the checkpoint."""
+    GradScaler, RNGs), each of ``parts`` under its name in ``trainer_state.json`` and ``modules``
+    that are the same on every rank (``NAME.safetensors``, by the main process); keeps the
+    newest ``keep`` of this run's checkpoints. ``parts`` has a ``run``: the :class:`TrainState`,
+    whose step names the checkpoint. The noise needs no state: each micro-batch's is drawn from
+    a seed of its own (:func:`trainer.sample_order.noise_seed`)."""
 
     def __init__(
         self,
         accelerator: Accelerator,
         output_dir: Path,
         parts: dict[str, Stateful],
-        noise: torch.Generator,
         keep: int,
         shape: dict[str, int],
         modules: dict[str, nn.Module],
     ) -> None:
         self.accelerator, self.output_dir, self.parts, self.modules = accelerator, output_dir, parts, modules
-        self.noise, self.keep, self.shape = noise, keep, shape
+        self.keep, self.shape = keep, shape
 
     def save(self) -> Path:
         """Write ``checkpoints/step-NNNNNNN`` (every rank takes part); its path."""
         record = {name: part.state_dict() for name, part in self.parts.items()}
-        rank_state = {"noise": self.noise.get_state()}
-        return save_checkpoint(
-            self.accelerator, self.output_dir, record, rank_state, self.keep, self.shape, self.modules
-        )
+        return save_checkpoint(self.accelerator, self.output_dir, record, self.keep, self.shape, self.modules)
 
     def load(self, path: Path) -> None:
         """Restore every part from the checkpoint at ``path`` (every rank takes part)."""
-        record, rank_state = load_checkpoint(self.accelerator, path, self.shape)
+        record = load_checkpoint(self.accelerator, path)
         for name, module in self.modules.items():
             if not (path / f"{name}.safetensors").is_file():
                 raise CheckpointError(f"{path}: no {name}.safetensors: written by a run without it (training.{name}_*)")
@@ -135,11 +131,9 @@ class Checkpoints:
                 raise CheckpointError(
                     f"{path}: cannot resume from this checkpoint: {STATE_NAME} has no {missing}"
                 ) from None
-        self.noise.set_state(rank_state["noise"])
 
 
-#: what a checkpoint's run must share with the run that resumes it: accelerate's accumulation
-#: counter, the data position and each rank's noise generator only mean the same thing then
+#: what a checkpoint's run must share with the run that resumes it, beside its global batch
 SHAPE_KEYS = ("training.batch_size", "training.gradient_accumulation_steps", "training.d_steps_per_g_step")
 
 
@@ -149,22 +143,53 @@ def run_shape(config: Config, processes: int) -> dict[str, int]:
     return {"processes": processes, **values}
 
 
-def check_shape(path: Path, written: dict[str, int] | None, current: dict[str, int]) -> None:
-    """A CheckpointError naming the first value that differs between the run that wrote the
-    checkpoint at ``path`` and this one (checkpoints from before the record are not checked)."""
-    if written is None:
-        return
-    if written.get("processes") != current["processes"]:
-        raise CheckpointError(
-            f"{path}: written by {written.get('processes')} process(es), this run has {current['processes']}; "
-            "exact resume needs each rank's data position and noise: resume with the same number of processes"
-        )
-    for key in SHAPE_KEYS:
+def resumed_accumulation(path: Path, current: dict[str, int]) -> int:
+    """The accumulation that continues the run of the checkpoint at ``path`` with this run's
+    ``current`` shape: the same global batch (processes x batch_size x accumulation) at this
+    run's number of processes; a CheckpointError of one line for a run that cannot continue it.
+
+    The per-process batch stays: the micro-batches, and so each one's samples, noise and batch
+    statistics, are the same at any world size, and so is each process's memory; another world
+    changes how many of them each process accumulates."""
+    record = read_record(path)
+    written = record.get("shape")
+    accumulation = "training.gradient_accumulation_steps"
+    if written is None:  # checkpoints from before the record: not checked
+        return current[accumulation]
+    for key in ("training.batch_size", "training.d_steps_per_g_step"):
         if written.get(key) != current[key]:
             raise CheckpointError(
                 f"{path}: written with {key}={written.get(key)}, this run has {current[key]}; resume with the "
                 "same value, or start a new run in another --output-dir"
             )
+    processes, here = written["processes"], current["processes"]
+    if here == processes:
+        if current[accumulation] != written[accumulation]:
+            raise CheckpointError(
+                f"{path}: written with {accumulation}={written[accumulation]}, this run has "
+                f"{current[accumulation]}; resume with the same value, or start a new run in another --output-dir"
+            )
+        return current[accumulation]
+    if "micro_batches" not in record.get("data", {}):
+        raise CheckpointError(
+            f"{path}: written by {processes} process(es) in the data order of checkpoints before 2026-12-07, "
+            f"which only continues on as many; this run has {here}: resume with {processes} processes"
+        )
+    micro_batches = processes * written[accumulation]  # a phase's micro-batches over all ranks
+    batch = written["training.batch_size"]
+    global_batch = f"{processes} processes x batch_size {batch} x accumulation {written[accumulation]}"
+    if micro_batches % here:
+        raise CheckpointError(
+            f"{path}: written with a global batch of {global_batch}; {here} processes cannot share its "
+            f"{micro_batches} micro-batches of {batch}: resume with a number of processes that divides {micro_batches}"
+        )
+    if current[accumulation] not in (written[accumulation], micro_batches // here):
+        raise CheckpointError(
+            f"{path}: written with a global batch of {global_batch}; {here} processes x accumulation "
+            f"{current[accumulation]} is another: set {accumulation} to {written[accumulation]} (the run adapts it) "
+            "or start a new run in another --output-dir"
+        )
+    return micro_batches // here
 
 
 def checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
@@ -296,14 +321,13 @@ def save_checkpoint(
     accelerator: Accelerator,
     output_dir: Path,
     record: dict[str, Any],
-    rank_state: dict[str, torch.Tensor],
     keep: int,
     shape: dict[str, int],
     modules: dict[str, nn.Module],
 ) -> Path:
     """Write the full training state to ``checkpoints/step-NNNNNNN`` on every rank: ``record``
-    (each part's state; its ``run`` names the step and the run), each rank's ``rank_state`` and,
-    from the main process, ``modules`` (safetensors' ``save_model``: tied weights stored once).
+    (each part's state; its ``run`` names the step and the run) and, from the main process,
+    ``modules`` (safetensors' ``save_model``: tied weights stored once).
 
     Everything is written under a temporary name; after every rank has finished, the main
     process renames it, so a checkpoint directory with its final name is always complete.
@@ -319,7 +343,6 @@ def save_checkpoint(
     def write() -> None:  # every rank its part
         with writing(partial, output_dir), without_shared_tensor_notice():
             accelerator.save_state(str(partial))
-            save_file(rank_state, str(partial / f"rank_state_{accelerator.process_index}.safetensors"))
             if accelerator.is_main_process:
                 for name, module in modules.items():
                     save_model(module, str(partial / f"{name}.safetensors"))
@@ -396,21 +419,15 @@ def check_space(output_dir: Path) -> None:
         )
 
 
-def load_checkpoint(
-    accelerator: Accelerator, path: Path, shape: dict[str, int]
-) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """Restore accelerate's state ``save_checkpoint`` wrote, for a run of this ``shape``;
-    returns the record and this rank's state."""
+def load_checkpoint(accelerator: Accelerator, path: Path) -> dict[str, Any]:
+    """Restore accelerate's state ``save_checkpoint`` wrote (the run's shape was checked by
+    :func:`resumed_accumulation`); returns the record. A rank beyond the writing run's world
+    finds no RNG state of its own: accelerate then keeps the one the run's seed gave it."""
     try:
         record = read_record(path)
-        check_shape(path, record.pop("shape", None), shape)
+        record.pop("shape", None)
         accelerator.load_state(str(path))
-        rank_file = path / f"rank_state_{accelerator.process_index}.safetensors"
-        if not rank_file.is_file():
-            raise CheckpointError(
-                f"{path}: no state for rank {accelerator.process_index}; it was written by a run with fewer processes"
-            )
-        return record, load_file(str(rank_file), device="cpu")
+        return record
     except CheckpointError:
         raise
     except Exception as exc:

@@ -13,6 +13,7 @@ from are :mod:`trainer.run_parts`'s.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import time
 from pathlib import Path
@@ -33,6 +34,7 @@ from trainer.logs import ensure_logging
 from trainer.metrics import MetricsLog, finish_trackers, resolve_trackers, start_trackers
 from trainer.outputs import RunOutputs
 from trainer.phases import BatchStream, Phase, build_phases, frozen
+from trainer.sample_order import noise_seed
 from trainer.stop_signals import StopSignals
 from trainer.tasks import Task, load_task
 from trainer.watchdog import HEARTBEAT, Watchdog, watched
@@ -170,6 +172,11 @@ class Trainer:
         set_seed(t.seed)
         task.prepare_frozen = functools.partial(run_parts.place_frozen, acc)
         adapters.checkpoint_adapters_only(acc)
+        resume_from = run_parts.find_checkpoint(acc, self.resume, self.output_dir) if self.resume else None
+        if resume_from is not None:  # on another number of processes, another accumulation
+            self.config = run_parts.resumed_config(acc, self.config, resume_from)
+            self.run = dataclasses.replace(self.run, config=self.config)
+            cfg, t = self.config, self.config.training
         run_id = run_parts.claim_run(acc, self.run, not self.resume, self.overwrite) if training else ""
         # The main process first: a task may build a data cache that the other ranks then read.
         generator, discriminator, train_set, eval_set = collectives.main_process_first(
@@ -179,28 +186,27 @@ class Trainer:
         batch_norm.check_refresh(cfg.eval.batch_norm_refresh, generator, self.run.source)
         # the average starts as a copy of the generator before accelerate wraps it
         self.ema = GeneratorEma(generator, t.ema_decay, t.ema_start, t.ema_warmup, acc.device) if t.ema_decay else None
-        generator, discriminator, train_loader, eval_loader = run_parts.prepare(
+        generator, discriminator, eval_loader = run_parts.prepare(
             acc, cfg, task, generator, discriminator, train_set, eval_set
         )
+        # seeded again before each micro-batch (see compute_gradients)
         self.noise = torch.Generator(device=acc.device)
-        self.noise.manual_seed(run_parts.noise_seed(t.seed, acc.process_index))
         self.d, self.g = build_phases(task, cfg, acc, self.noise, self.ema, generator, discriminator)
         # world.check_supported admits plain DDP alone: without a GradScaler the prepared
         # optimizer only forwards to the torch one
         self.step_torch_optimizer = acc.scaler is None
         self.state = TrainState(run_id=run_id)
-        self.stream = BatchStream(acc, train_loader)
+        self.stream = BatchStream(acc, train_set, t, task.collate)
         self.checkpoints = Checkpoints(
             acc,
             self.output_dir,
             {"run": self.state, "data": self.stream, "discriminator": self.d, "generator": self.g}
             | ({"ema": self.ema} if self.ema else {}),
-            self.noise,
             t.keep_checkpoints,
             checkpoint.run_shape(cfg, acc.num_processes),
             {**({"ema": self.ema.averaged} if self.ema else {}), **task.checkpoint_modules()},
         )
-        resumed_from = run_parts.resume(acc, self.checkpoints, self.resume, self.output_dir) if self.resume else None
+        resumed_from = run_parts.resume(acc, self.checkpoints, resume_from) if resume_from is not None else None
         with checkpoint.writing(self.output_dir / "metrics.jsonl", self.output_dir):
             metrics = MetricsLog(acc, self.output_dir, resumed_from) if training else None
         phases = (self.d, self.g)
@@ -213,22 +219,27 @@ class Trainer:
         collectives.barrier(acc, "after start-up")
 
     # -- one optimizer step ------------------------------------------------------------------
-    def run_phase(self, phase: Phase) -> None:
-        """One optimizer step of ``phase``: its gradients (:meth:`compute_gradients`), then its
-        step (:meth:`finish_step`)."""
-        self.compute_gradients(phase)
+    def run_phase(self, phase: Phase, slot: int) -> None:
+        """One optimizer step of ``phase``, the step's ``slot``-th: its gradients
+        (:meth:`compute_gradients`), then its step (:meth:`finish_step`)."""
+        self.compute_gradients(phase, slot)
         self.finish_step(phase)
 
-    def compute_gradients(self, phase: Phase) -> None:
-        """The gradients of ``phase``: its micro-batches under accelerate's accumulate() (DDP
-        syncs on the last); ``phase.frozen`` held still."""
-        accumulation = self.config.training.gradient_accumulation_steps
+    def compute_gradients(self, phase: Phase, slot: int) -> None:
+        """The gradients of ``phase``, the step's ``slot``-th: its micro-batches under
+        accelerate's accumulate() (DDP syncs on the last); ``phase.frozen`` held still. Each
+        micro-batch's noise comes from a seed of the step, the slot and the micro-batch's
+        global index, so a step draws the same noise at any number of processes."""
+        t, acc = self.config.training, self.accelerator
         with frozen(phase.frozen):
-            for _ in range(accumulation):
+            for k in range(t.gradient_accumulation_steps):
                 HEARTBEAT.beat(f"{phase.role} phase", self.state.step)
+                self.noise.manual_seed(
+                    noise_seed(t.seed, self.state.step, slot, k * acc.num_processes + acc.process_index)
+                )
                 batch = self.stream.next() if phase.needs_data else None
                 # accelerate's accumulate(); one micro-batch always syncs (skipping it saves ~1%)
-                with self.accelerator.accumulate(phase.model) if accumulation > 1 else contextlib.nullcontext():
+                with acc.accumulate(phase.model) if t.gradient_accumulation_steps > 1 else contextlib.nullcontext():
                     loss, parts = phase.loss(batch)
                     collectives.backward(self.accelerator, loss, phase.role)
                 phase.record(loss, parts)
@@ -277,16 +288,16 @@ class Trainer:
             if t.updates == "simultaneous":
                 # Both gradients at the step's starting weights, then both steps: D's gradients
                 # wait in D (frozen, untouched, through the G phase).
-                self.compute_gradients(self.d)
-                self.compute_gradients(self.g)
+                self.compute_gradients(self.d, 0)
+                self.compute_gradients(self.g, 1)
                 self.finish_step(self.d)
                 self.finish_step(self.g)
             else:
                 if t.objective != "mle":
-                    for _ in range(t.d_steps_per_g_step):
-                        self.run_phase(self.d)
+                    for slot in range(t.d_steps_per_g_step):
+                        self.run_phase(self.d, slot)
                 if t.objective != "discriminator":
-                    self.run_phase(self.g)
+                    self.run_phase(self.g, t.d_steps_per_g_step)
             for phase in (self.d, self.g):
                 collectives.share_running_statistics(
                     self.accelerator, phase.unwrapped, f"{phase.role} running statistics"

@@ -13,12 +13,17 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
+from accelerate.logging import get_logger
+from accelerate.utils import send_to_device
 from torch import nn
 
 from trainer import collectives
 from trainer.config import Config, OptimizerSection, TrainingSection
 from trainer.ema import GeneratorEma
+from trainer.sample_order import GlobalBatches
 from trainer.tasks.base import Penalties, Task
+
+logger = get_logger("trainer")
 
 OPTIMIZERS = {
     "adam": torch.optim.Adam,
@@ -264,39 +269,48 @@ def build_phases(
 
 
 class BatchStream:
-    """Endless micro-batches from a prepared dataloader, with a resumable position.
+    """Endless micro-batches of the training set in the run's order (:mod:`trainer.sample_order`:
+    the same samples in each optimizer step at any number of processes), on the device, with a
+    resumable position: the global micro-batches every rank has taken between them."""
 
-    The shuffle of epoch e is a function of (seed, e) (accelerate's seedable sampler), so
-    (epoch, position) is enough to continue exactly where a checkpoint was taken.
-    """
-
-    def __init__(self, accelerator: Accelerator, dataloader: Any) -> None:
-        self.accelerator = accelerator
-        self.dataloader = dataloader
-        self.epoch = 0
-        self.position = 0
+    def __init__(self, accelerator: Accelerator, dataset: Any, training: TrainingSection, collate: Any) -> None:
+        self.accelerator, self.dataset, self.collate = accelerator, dataset, collate
+        self.batch_size, self.seed, self.num_workers = training.batch_size, training.seed, training.num_workers
+        self.taken = 0
         self.iterator: Iterator[Any] | None = None
 
     def next(self) -> Any:
+        acc = self.accelerator
         if self.iterator is None:
-            self.dataloader.set_epoch(self.epoch)
-            loader = self.dataloader
-            if self.position:
-                loader = self.accelerator.skip_first_batches(self.dataloader, self.position)
-            self.iterator = collectives.start_iterator(loader, "train")
-        try:
-            batch = next(self.iterator)
-        except StopIteration:
-            self.epoch, self.position, self.iterator = self.epoch + 1, 0, None
-            return self.next()
-        self.position += 1
-        return batch
+            batches = GlobalBatches(
+                len(self.dataset), self.batch_size, self.seed, acc.process_index, acc.num_processes, self.taken
+            )
+            # a generator of its own for the workers' base seed: none drawn from torch's global one
+            loader = torch.utils.data.DataLoader(
+                self.dataset, batch_sampler=batches, collate_fn=self.collate, num_workers=self.num_workers,
+                generator=torch.Generator().manual_seed(self.seed),
+            )  # fmt: skip
+            self.iterator = iter(loader)
+        batch = next(self.iterator)
+        self.taken += acc.num_processes  # every rank takes one at the same point
+        return send_to_device(batch, acc.device)
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position}
+        return {"micro_batches": self.taken}
 
     def load_state_dict(self, record: dict[str, Any]) -> None:
-        self.epoch, self.position, self.iterator = record["epoch"], record["position"], None
+        if "micro_batches" not in record:  # checkpoints before 2026-12-07: accelerate's order
+            world = self.accelerator.num_processes
+            per_epoch = len(self.dataset) // self.batch_size
+            taken = record["epoch"] * per_epoch + record["position"] * world
+            self.taken = -(-taken // world) * world
+            logger.warning(
+                f"the checkpoint's data position is in the order of checkpoints before 2026-12-07: the run goes on "
+                f"at global micro-batch {self.taken} of the current order (about as many samples, not the same ones)"
+            )
+        else:
+            self.taken = record["micro_batches"]
+        self.iterator = None
 
 
 def gradients_finite(params: list[nn.Parameter]) -> bool:

@@ -150,62 +150,45 @@ def place_frozen(accelerator: Accelerator, model: nn.Module) -> nn.Module:
     return model
 
 
-def loaders(task: Task, cfg: Config, train_set: Any, eval_set: Any) -> tuple[Any, Any]:
-    """The train and eval DataLoaders (not yet prepared).
+def eval_loader(task: Task, cfg: Config, eval_set: Any) -> Any:
+    """The eval DataLoader (not yet prepared: accelerate shards it and gathers its outputs).
 
-    Each loader draws its iterators' base seed from a generator of its own, not from torch's
-    global one: a resumed run starts its iterator mid-epoch, and a draw there would shift every
-    global draw after it (dropout masks), and an eval would shift training's."""
-    t = cfg.training
-    train = torch.utils.data.DataLoader(
-        train_set,
-        batch_size=t.batch_size,
-        shuffle=True,
-        drop_last=True,
-        collate_fn=task.collate,
-        num_workers=t.num_workers,
-        generator=torch.Generator().manual_seed(t.seed),
-    )
-    evaluation = torch.utils.data.DataLoader(
+    It draws its iterators' base seed from a generator of its own, not from torch's global one,
+    so that an eval does not shift training's global draws (dropout masks)."""
+    return torch.utils.data.DataLoader(
         eval_set,
         batch_size=cfg.eval.batch_size,
         shuffle=False,
         collate_fn=task.collate,
-        generator=torch.Generator().manual_seed(t.seed),
+        generator=torch.Generator().manual_seed(cfg.training.seed),
     )
-    return train, evaluation
 
 
 def prepare(
     accelerator: Accelerator, cfg: Config, task: Task, generator: nn.Module, discriminator: nn.Module,
     train_set: Any, eval_set: Any,
-) -> tuple[Trainable, Trainable, Any, Any]:  # fmt: skip
-    """The models with their optimizers and schedules, and the train and eval loaders, prepared by
-    accelerate. The discriminator's schedule runs over its own optimizer steps; with
+) -> tuple[Trainable, Trainable, Any]:  # fmt: skip
+    """The models with their optimizers and schedules, and the eval loader, prepared by
+    accelerate (the training samples come in the run's own order: :class:`BatchStream`). The
+    discriminator's schedule runs over its own optimizer steps; with
     ``training.d_steps_per_g_step`` 0 it is a fixed reward model: on the device (and under
     autocast), without DDP or an optimizer. A DataError when the training set holds fewer
-    samples than one batch per process."""
+    samples than one batch."""
     acc, t = accelerator, cfg.training
+    if len(train_set) < t.batch_size:
+        raise DataError(
+            f"{cfg.data.path or 'data.train_size'}: {len(train_set)} training samples are fewer than "
+            f"one batch (training.batch_size {t.batch_size})"
+        )
     opt_g, sched_g = optimization(cfg.optim.generator, generator, t.max_steps)
-    train_loader, eval_loader = loaders(task, cfg, train_set, eval_set)
-    prepared = acc.prepare(generator, opt_g, sched_g, train_loader, eval_loader)
-    trained_g, train_loader, eval_loader = Trainable(*prepared[:3]), prepared[3], prepared[4]
+    prepared = acc.prepare(generator, opt_g, sched_g, eval_loader(task, cfg, eval_set))
+    trained_g, evaluation = Trainable(*prepared[:3]), prepared[3]
     if t.d_steps_per_g_step:
         opt_d, sched_d = optimization(cfg.optim.discriminator, discriminator, t.max_steps * t.d_steps_per_g_step)
         trained_d = Trainable(*acc.prepare(discriminator, opt_d, sched_d))
     else:
         trained_d = Trainable(acc.prepare_model(discriminator.requires_grad_(False), evaluation_mode=True))
-    if len(train_loader) == 0:
-        raise DataError(
-            f"{cfg.data.path or 'data.train_size'}: {len(train_set)} training samples are fewer than "
-            f"one batch per process ({t.batch_size} x {acc.num_processes} processes)"
-        )
-    return trained_g, trained_d, train_loader, eval_loader
-
-
-def noise_seed(seed: int, rank: int) -> int:
-    """Each rank draws its own noise, reproducibly."""
-    return seed * 1_000_003 + 7919 * (rank + 1)
+    return trained_g, trained_d, evaluation
 
 
 def optimization(section: OptimizerSection, model: nn.Module, steps: int) -> tuple[torch.optim.Optimizer, Any]:
@@ -214,10 +197,10 @@ def optimization(section: OptimizerSection, model: nn.Module, steps: int) -> tup
     return optimizer, build_scheduler(section.scheduler, optimizer, section.warmup_steps, steps)
 
 
-def resume(accelerator: Accelerator, checkpoints: checkpoint.Checkpoints, which: str, output_dir: Path) -> int | None:
-    """Load the checkpoint ``which`` (``--resume``) names, if there is one; the step it was taken at. Which
+def find_checkpoint(accelerator: Accelerator, which: str, output_dir: Path) -> Path | None:
+    """The checkpoint ``which`` (``--resume``) names, or None when there is none yet. Which
     checkpoint (or none) changes what every rank does next: rank 0's choice is taken by all, and
-    a rank that cannot read it fails them all. The main process alone checks the files against
+    a rank that cannot find it fails them all. The main process alone checks the files against
     their digests (one read of the checkpoint, not one per rank)."""
     acc = accelerator
 
@@ -228,8 +211,36 @@ def resume(accelerator: Accelerator, checkpoints: checkpoint.Checkpoints, which:
     path = collectives.from_main_process(acc, path, "the checkpoint to resume from")
     if path is None:
         logger.info(f"--resume {which}: no checkpoint in {output_dir}; starting fresh")
-        return None
-    collectives.agreed(acc, "loading the checkpoint", lambda: checkpoints.load(path))
+    return path
+
+
+def resumed_config(accelerator: Accelerator, config: Config, path: Path) -> Config:
+    """``config`` with the accumulation that continues the checkpoint at ``path`` on this number
+    of processes (one line when it changes); a run that cannot continue it fails every rank."""
+    t, acc = config.training, accelerator
+    shape = checkpoint.run_shape(config, acc.num_processes)
+    accumulation = collectives.agreed(
+        acc, "checking the checkpoint's run", lambda: checkpoint.resumed_accumulation(path, shape)
+    )
+    if accumulation == t.gradient_accumulation_steps:
+        return config
+    written = checkpoint.read_record(path)["shape"]
+    samples = written["processes"] * t.batch_size * written["training.gradient_accumulation_steps"]
+    logger.info(
+        f"{path.name} was written by {written['processes']} processes, this run has {acc.num_processes}: "
+        f"training.gradient_accumulation_steps {t.gradient_accumulation_steps} -> {accumulation}, "
+        f"the global batch of {samples} samples kept"
+    )
+    acc.gradient_accumulation_steps = accumulation
+    return dataclasses.replace(config, training=dataclasses.replace(t, gradient_accumulation_steps=accumulation))
+
+
+def resume(accelerator: Accelerator, checkpoints: checkpoint.Checkpoints, path: Path) -> int:
+    """Load the checkpoint at ``path`` on every rank; the step it was taken at."""
+    collectives.agreed(accelerator, "loading the checkpoint", lambda: checkpoints.load(path))
+    # accelerate's accumulation counter, restored with its state: every phase starts at a
+    # multiple of the accumulation, which 0 is of any (the run's may have changed)
+    accelerator.step = 0
     step = checkpoints.parts["run"].step
     logger.info(f"resumed from {path} at step {step}")
     return step
