@@ -46,6 +46,7 @@ SCENARIOS: dict[str, Callable[[Path, int], Outcome]] = {
     "two_nodes_restart": node_faults.restart_after_lost_worker,
     "two_nodes_lose_first": node_faults.lost_node("first"),
     "two_nodes_lose_last": node_faults.lost_node("last"),
+    "two_nodes_elastic_go_on": node_faults.go_on_without_a_node,
 }
 
 

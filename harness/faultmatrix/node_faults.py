@@ -45,8 +45,8 @@ class TwoNodes:
     """One job of two simulated nodes running ``run``'s config (``run.processes`` = both nodes'
     ranks), under torchrun's elastic agent with ``max_restarts``, in a launcher's environment."""
 
-    def __init__(self, run: Run, max_restarts: int = 0) -> None:
-        self.run, self.max_restarts = run, max_restarts
+    def __init__(self, run: Run, max_restarts: int = 0, nnodes: str = "2", rdzv_conf: str = "") -> None:
+        self.run, self.max_restarts, self.nnodes, self.rdzv_conf = run, max_restarts, nnodes, rdzv_conf
         self.per_node = run.processes // 2
         self.endpoint = f"127.0.0.1:{free_port()}"
         self.job_id = uuid.uuid4().hex[:8]
@@ -54,9 +54,10 @@ class TwoNodes:
     def command(self, *extra: str) -> list[str]:
         return [
             sys.executable, "-m", "torch.distributed.run",
-            "--nnodes", "2", "--nproc_per_node", str(self.per_node),
+            "--nnodes", self.nnodes, "--nproc_per_node", str(self.per_node),
             "--rdzv_backend", "c10d", "--rdzv_endpoint", self.endpoint, "--rdzv_id", self.job_id,
             "--max-restarts", str(self.max_restarts),
+            *(["--rdzv_conf", self.rdzv_conf] if self.rdzv_conf else []),
             str(SCRIPT), *self.run.args, *extra,
         ]  # fmt: skip
 
@@ -169,3 +170,44 @@ def _lost_node(which: str, work: Path, processes: int) -> Outcome:
         f"{', traceback or C++ frames' if noise else ''}: {said[0][:110] if said else ''}"
     )
     return Outcome(label, processes, ok, with_tail(outcome, ok, stderr, 4, 600), seconds, run.on_disk())
+
+
+def go_on_without_a_node(work: Path, processes: int) -> Outcome:
+    """An elastic job (``--nnodes 1:2``, ``--max-restarts 1``, ``--resume latest``) loses the
+    node of its last rank (agent and workers SIGKILLed) after its first checkpoint: the other
+    node's agent re-forms a group of one node, whose workers resume from that checkpoint at half
+    the world (the accumulation doubled) and reach max_steps; that agent exits 0."""
+    label = "two elastic nodes (--nnodes 1:2), the last rank's node lost, the other goes on"
+    training = {"max_steps": 40, "save_every": 4, "eval_every": 1000, "log_every": 1}
+    run = Run(work, 2 * processes, {"step_sleep_s": 0.05}, training=training)
+    # the re-formed group waits for a second node this long once it has one (torch's default: 30 s)
+    nodes = TwoNodes(run, max_restarts=1, nnodes="1:2", rdzv_conf="last_call_timeout=2")
+    agents = nodes.start("--resume", "latest")
+    pids = run.rank_pids()
+    first = run.out / "checkpoints" / "step-0000004"
+    deadline = time.monotonic() + HARD_TIMEOUT
+    while not first.is_dir() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    lost = next(a for a in agents if parent(pids[2 * processes - 1]) == a.pid)
+    survivor = next(a for a in agents if a is not lost)
+    start = time.monotonic()
+    for pid in [lost.pid, *(pid for pid in pids.values() if parent(pid) == lost.pid)]:
+        os.kill(pid, signal.SIGKILL)
+    code, _, stderr = wait(survivor, HARD_TIMEOUT)
+    seconds = time.monotonic() - start
+    nodes.finish([lost])
+    train = run.records("train")
+    resumed = re.search(r"resumed from \S+/(step-\d+) at step (\d+)", stderr)
+    adapted = f"this run has {processes}: training.gradient_accumulation_steps 1 -> 2" in stderr
+    worlds = sorted({r["world_size"] for r in train})
+    said = [line for line in error_lines(stderr) if "a peer ended without a notice" in line]
+    last = train[-1]["step"] if train else None
+    ok = code == 0 and bool(resumed) and adapted and last == 40 and worlds == [processes, 2 * processes]
+    ok = ok and all(len(line.splitlines()) == 1 for line in said)
+    outcome = (
+        f"survivor: exit {code}, {len(said)} line(s) on the loss, "
+        f"{'resumed from ' + resumed.group(1) if resumed else 'no resume'}"
+        f"{', accumulation 1 -> 2' if adapted else ', accumulation not adapted'}, last train step {last}, "
+        f"world sizes {worlds}"
+    )
+    return Outcome(label, processes, ok, with_tail(outcome, ok, stderr, 6, 800), seconds, run.on_disk())
