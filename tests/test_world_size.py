@@ -8,7 +8,9 @@ import json
 import shutil
 
 import pytest
+import torch
 from helpers import check, launch, records, write_run
+from safetensors.torch import load_file
 
 from trainer.checkpoint import resumed_accumulation
 from trainer.errors import CheckpointError
@@ -37,6 +39,8 @@ def run_at(tmp_path, processes: int, accumulate: int | None = None):
                 "save_every": SAVED,
                 "eval_every": 100,
                 "keep_checkpoints": 5,
+                "ema_decay": 0.8,
+                "ema_start": 1,
             },
             "optim": {"generator": {"scheduler": "linear"}, "discriminator": {"scheduler": "cosine"}},
             "data": {"train_size": 40},
@@ -106,14 +110,21 @@ def test_a_checkpoint_resumes_on_another_number_of_processes(tmp_path, written, 
     after = losses(again)
     assert [r["step"] for r in records(again, "train")][0] == SAVED + 1
     assert close(after[:3], whole_losses[SAVED : SAVED + 3], 1e-5), (after[:3], whole_losses[SAVED : SAVED + 3])
+    # the optimizers, schedules and the generator's average carried over: the final weights agree
+    for role in ("generator", "generator_raw", "discriminator"):
+        ours, theirs = (load_file(d / "final" / role / "model.safetensors") for d in (again, out))
+        assert ours.keys() == theirs.keys()
+        for key, value in ours.items():
+            torch.testing.assert_close(value, theirs[key], rtol=1e-5, atol=1e-6, msg=f"{role}.{key}")
 
 
-def shape(processes, batch=BATCH, accumulate=1, d_steps=1):
+def shape(processes, batch=BATCH, accumulate=1, d_steps=1, task="gaussian_mixture"):
     return {
         "processes": processes,
         "training.batch_size": batch,
         "training.gradient_accumulation_steps": accumulate,
         "training.d_steps_per_g_step": d_steps,
+        "task": task,
     }
 
 
@@ -136,6 +147,9 @@ def test_what_cannot_continue_is_one_line(tmp_path):
         "written with training.gradient_accumulation_steps=2, this run has 1": shape(4, accumulate=1),
         "written with training.batch_size=2, this run has 4": shape(2, batch=4, accumulate=2),
         "written with training.d_steps_per_g_step=1, this run has 2": shape(2, accumulate=2, d_steps=2),
+        "written by a run of task 'gaussian_mixture', this run's is 'oracle_text': another recipe": shape(
+            4, accumulate=2, task="oracle_text"
+        ),
     }
     for message, current in refusals.items():
         with pytest.raises(CheckpointError, match=message):

@@ -105,7 +105,7 @@ class Checkpoints:
         output_dir: Path,
         parts: dict[str, Stateful],
         keep: int,
-        shape: dict[str, int],
+        shape: dict[str, Any],
         modules: dict[str, nn.Module],
     ) -> None:
         self.accelerator, self.output_dir, self.parts, self.modules = accelerator, output_dir, parts, modules
@@ -137,13 +137,14 @@ class Checkpoints:
 SHAPE_KEYS = ("training.batch_size", "training.gradient_accumulation_steps", "training.d_steps_per_g_step")
 
 
-def run_shape(config: Config, processes: int) -> dict[str, int]:
-    """The values of ``SHAPE_KEYS`` and the number of processes, as a checkpoint records them."""
+def run_shape(config: Config, processes: int) -> dict[str, Any]:
+    """The values of ``SHAPE_KEYS``, the number of processes and the task (the recipe), as a
+    checkpoint records them."""
     values = {key: getattr(config.training, key.removeprefix("training.")) for key in SHAPE_KEYS}
-    return {"processes": processes, **values}
+    return {"processes": processes, **values, "task": config.task}
 
 
-def resumed_accumulation(path: Path, current: dict[str, int]) -> int:
+def resumed_accumulation(path: Path, current: dict[str, Any]) -> int:
     """The accumulation that continues the run of the checkpoint at ``path`` with this run's
     ``current`` shape: the same global batch (processes x batch_size x accumulation) at this
     run's number of processes; a CheckpointError of one line for a run that cannot continue it.
@@ -156,6 +157,11 @@ def resumed_accumulation(path: Path, current: dict[str, int]) -> int:
     accumulation = "training.gradient_accumulation_steps"
     if written is None:  # checkpoints from before the record: not checked
         return current[accumulation]
+    if written.get("task", current["task"]) != current["task"]:  # recorded since 2026-12-07
+        raise CheckpointError(
+            f"{path}: written by a run of task {written['task']!r}, this run's is {current['task']!r}: another "
+            "recipe cannot continue it; start a new run in another --output-dir"
+        )
     for key in ("training.batch_size", "training.d_steps_per_g_step"):
         if written.get(key) != current[key]:
             raise CheckpointError(
@@ -322,7 +328,7 @@ def save_checkpoint(
     output_dir: Path,
     record: dict[str, Any],
     keep: int,
-    shape: dict[str, int],
+    shape: dict[str, Any],
     modules: dict[str, nn.Module],
 ) -> Path:
     """Write the full training state to ``checkpoints/step-NNNNNNN`` on every rank: ``record``
