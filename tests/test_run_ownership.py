@@ -79,15 +79,23 @@ def test_resume_refuses_another_run_shape(tmp_path, key, value):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("written", "resumed"), [(2, 1), (1, 2)])
-def test_resume_refuses_another_number_of_processes(tmp_path, written, resumed):
+def test_resume_on_another_number_of_processes_or_one_line_on_every_rank(tmp_path, written, resumed):
+    # 2 -> 1 continues with the accumulation doubled (tests/test_world_size.py checks the run);
+    # 1 -> 2 cannot: one micro-batch a phase does not split over 2 processes
     config = write_run(tmp_path, {"training": {"max_steps": 4, "save_every": 2}})
     args = ["--config", str(config), "--device", "cpu"]
     check(launch([*args, "--set", "training.max_steps=2"], written))
     result = launch([*args, "--resume", "latest"], resumed)
+    if written > resumed:
+        check(result)
+        assert "this run has 1: training.gradient_accumulation_steps 1 -> 2" in result.stderr
+        return
     assert result.returncode != 0, result.stderr[-3000:]
     lines = error_lines(result.stderr)
     assert len(lines) == resumed, result.stderr[-3000:]
-    assert all(f"written by {written} process" in line and f"this run has {resumed}" in line for line in lines), lines
+    cannot = "2 processes cannot share its 1 micro-batches of 4: resume with a number of processes that divides 1"
+    assert cannot in lines[0] or cannot in lines[1], lines
+    assert all("checking the checkpoint's run" in line or cannot in line for line in lines), lines
 
 
 def test_fsync_tree_flushes_every_file_and_directory_before_a_rename(tmp_path, monkeypatch):
