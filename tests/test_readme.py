@@ -31,6 +31,11 @@ COVERED = {
     "accelerate launch --config_file accelerate_configs/8gpu.yaml --max_restarts 3 scripts/train_stage2.py "
     "--config configs/training/ring.yaml --device cuda --resume latest": "needs GPUs; scripts/fault_matrix.py "
     "(restart_accelerate, run by tests/test_faults.py) restarts the same command on CPUs",
+    "torchrun --nnodes 1:2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint HOST:29400 --rdzv_id JOB "
+    "--max-restarts 3 scripts/train_stage2.py --config configs/training/ring.yaml --device cuda --resume latest": (
+        "needs GPUs and nodes; scripts/fault_matrix.py (two_nodes_elastic_go_on, run by tests/test_faults.py) "
+        "loses one of two simulated nodes under the same command on CPUs"
+    ),
     "bash scripts/check_floors.sh": "not in CI: it installs torch 2.6 (a 3 GB CUDA build); the README "
     "records its last result",
     'pip install -e ".[bench]"': ".ci/run installs the dev extra, which holds the bench extra's TRL",

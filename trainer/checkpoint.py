@@ -388,6 +388,8 @@ def writing(path: Path, output_dir: Path) -> contextlib.AbstractContextManager[N
 
 def last_complete(output_dir: Path) -> str:
     """What a resume of the run in ``output_dir`` has: its newest complete checkpoint and size."""
+    if not output_dir.is_dir():
+        return "nothing of the run is left there"
     found = checkpoints(output_dir)
     if not found:
         return "no complete checkpoint yet"
