@@ -55,10 +55,13 @@ def test_a_nested_file_and_the_record_are_covered(tmp_path):
     assert checkpoint_damage(checkpoint).startswith(f"{STATE_NAME} does not match")
 
 
-def test_checkpoints_before_digests_are_taken_and_digests_lost_since_are_not(tmp_path):
-    older = fake_checkpoint(tmp_path / "step-0000001", step_format=2, digests=False)
-    assert checkpoint_damage(older) is None
-    newer = fake_checkpoint(tmp_path / "step-0000002")
+def test_checkpoints_before_digests_are_taken_and_digests_lost_since_are_not(tmp_path, caplog):
+    older = fake_checkpoint(tmp_path / "checkpoints" / "step-0000001", step_format=2, digests=False)
+    with caplog.at_level("INFO", logger="trainer"):
+        assert resolve_resume("latest", tmp_path, verify=True) == older
+    said = [r.getMessage().removeprefix("[RANK 0] ") for r in caplog.records]
+    assert said == ["step-0000001: written before checkpoints held digests; not verified"]  # not "verified"
+    newer = fake_checkpoint(tmp_path / "step-0000002")  # beside checkpoints/: not latest
     (newer / DIGESTS_NAME).unlink()
     assert checkpoint_damage(newer) == f"{DIGESTS_NAME} is missing"
     (newer / DIGESTS_NAME).write_text("{not json")

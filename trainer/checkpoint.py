@@ -221,7 +221,7 @@ def resolve_resume(resume: str, output_dir: Path, verify: bool) -> Path | None:
             return found[0] if found else None
         problems = []
         for path in found:
-            problem = timed_damage(path)
+            problem = checkpoint_damage(path)
             if problem is None:
                 return path
             logger.warning(f"--resume latest: skipped {path.name}: {problem}")
@@ -230,7 +230,7 @@ def resolve_resume(resume: str, output_dir: Path, verify: bool) -> Path | None:
     path = Path(resume)
     if not (path / STATE_NAME).is_file():
         raise CheckpointError(f"{path}: not a complete checkpoint directory (no {STATE_NAME})")
-    if verify and (problem := timed_damage(path)) is not None:
+    if verify and (problem := checkpoint_damage(path)) is not None:
         raise CheckpointError(f"{path}: cannot resume from this checkpoint: {problem}")
     return path
 
@@ -241,7 +241,8 @@ DIGESTS_FORMAT = 3
 
 def checkpoint_damage(path: Path) -> str | None:
     """What is wrong with the files of the checkpoint at ``path`` (None when each matches its
-    digest); a checkpoint of a layout before digests is not checked."""
+    digest, with one line saying what the check read and how long it took); a checkpoint of a
+    layout before digests is not checked (one line says so)."""
     if not (path / integrity.DIGESTS_NAME).is_file():
         try:
             written_format = json.loads((path / STATE_NAME).read_text()).get("format", 1)
@@ -250,16 +251,10 @@ def checkpoint_damage(path: Path) -> str | None:
         if written_format < DIGESTS_FORMAT:
             logger.info(f"{path.name}: written before checkpoints held digests; not verified")
             return None
-    return integrity.damage(path)
-
-
-def timed_damage(path: Path) -> str | None:
-    """:func:`checkpoint_damage`, with one line saying what the check read and how long it took."""
     began = time.perf_counter()
-    problem = checkpoint_damage(path)
+    problem = integrity.damage(path)
     if problem is None:
-        size_mb = sum(p.stat().st_size for p in integrity.files_of(path)) / 2**20
-        logger.info(f"{path.name} verified: {size_mb:.1f} MB in {time.perf_counter() - began:.2f} s")
+        logger.info(f"{path.name} verified: {checkpoint_mb(path):.1f} MB in {time.perf_counter() - began:.2f} s")
     return problem
 
 
