@@ -207,8 +207,14 @@ class Trainer:
             {**({"ema": self.ema.averaged} if self.ema else {}), **task.checkpoint_modules()},
         )
         resumed_from = run_parts.resume(acc, self.checkpoints, resume_from) if resume_from is not None else None
-        with checkpoint.writing(self.output_dir / "metrics.jsonl", self.output_dir):
-            metrics = MetricsLog(acc, self.output_dir, resumed_from) if training else None
+        metrics = None
+        if training:  # the main process writes; agreed, so a full disk there stops every rank here
+
+            def open_metrics() -> MetricsLog:
+                with checkpoint.writing(self.output_dir / "metrics.jsonl", self.output_dir):
+                    return MetricsLog(acc, self.output_dir, resumed_from)
+
+            metrics = collectives.agreed(acc, "opening the metrics log", open_metrics)
         phases = (self.d, self.g)
         self.outputs = RunOutputs(
             acc, cfg, task, self.output_dir, phases, self.state, self.checkpoints, self.ema, eval_loader, metrics

@@ -224,10 +224,9 @@ def resumed_config(accelerator: Accelerator, config: Config, path: Path) -> Conf
     )
     if accumulation == t.gradient_accumulation_steps:
         return config
-    written = checkpoint.read_record(path)["shape"]
-    samples = written["processes"] * t.batch_size * written["training.gradient_accumulation_steps"]
+    samples = acc.num_processes * accumulation * t.batch_size  # the checkpoint's global batch
     logger.info(
-        f"{path.name} was written by {written['processes']} processes, this run has {acc.num_processes}: "
+        f"{path.name} was written by another number of processes, this run has {acc.num_processes}: "
         f"training.gradient_accumulation_steps {t.gradient_accumulation_steps} -> {accumulation}, "
         f"the global batch of {samples} samples kept"
     )

@@ -143,16 +143,13 @@ def lost_node(which: str) -> Callable[[Path, int], Outcome]:
     return functools.partial(_lost_node, which)
 
 
-def _lost_node(which: str, work: Path, processes: int) -> Outcome:
-    label = f"two nodes, the node of the {which} rank lost (agent SIGKILLed)"
-    run = Run(work, 2 * processes, {"step_sleep_s": 0.02}, training={"max_steps": 100000, "save_every": 100000})
-    nodes = TwoNodes(run)
-    agents = nodes.start()
-    pids = run.rank_pids()
-    time.sleep(0.5)
-    # torch's agent starts each worker in a session of its own: a node is its agent and the
-    # agent's children
-    lost = next(a for a in agents if parent(pids[0 if which == "first" else 2 * processes - 1]) == a.pid)
+def lose_node(
+    nodes: TwoNodes, agents: list[subprocess.Popen], pids: dict[int, int], rank: int
+) -> tuple[list[int], int, str, float]:
+    """SIGKILL the node of ``rank`` (torch's agent starts each worker in a session of its own:
+    a node is its agent and the agent's children) and wait for the other node's agent. Returns
+    its workers' pids, its exit status, its stderr and the seconds from the kill."""
+    lost = next(a for a in agents if parent(pids[rank]) == a.pid)
     survivor = next(a for a in agents if a is not lost)
     survivors = [pid for pid in pids.values() if parent(pid) == survivor.pid]
     start = time.monotonic()
@@ -161,6 +158,18 @@ def _lost_node(which: str, work: Path, processes: int) -> Outcome:
     code, _, stderr = wait(survivor, HARD_TIMEOUT)
     seconds = time.monotonic() - start
     nodes.finish([lost])
+    return survivors, code, stderr, seconds
+
+
+def _lost_node(which: str, work: Path, processes: int) -> Outcome:
+    label = f"two nodes, the node of the {which} rank lost (agent SIGKILLed)"
+    run = Run(work, 2 * processes, {"step_sleep_s": 0.02}, training={"max_steps": 100000, "save_every": 100000})
+    nodes = TwoNodes(run)
+    agents = nodes.start()
+    pids = run.rank_pids()
+    time.sleep(0.5)
+    rank = 0 if which == "first" else 2 * processes - 1
+    survivors, code, stderr, seconds = lose_node(nodes, agents, pids, rank)
     left = [pid for pid in survivors if alive(pid)]
     said = [line for line in error_lines(stderr) if "a peer ended without a notice" in line]
     noise = worker_noise(stderr)
@@ -188,14 +197,7 @@ def go_on_without_a_node(work: Path, processes: int) -> Outcome:
     deadline = time.monotonic() + HARD_TIMEOUT
     while not first.is_dir() and time.monotonic() < deadline:
         time.sleep(0.02)
-    lost = next(a for a in agents if parent(pids[2 * processes - 1]) == a.pid)
-    survivor = next(a for a in agents if a is not lost)
-    start = time.monotonic()
-    for pid in [lost.pid, *(pid for pid in pids.values() if parent(pid) == lost.pid)]:
-        os.kill(pid, signal.SIGKILL)
-    code, _, stderr = wait(survivor, HARD_TIMEOUT)
-    seconds = time.monotonic() - start
-    nodes.finish([lost])
+    _, code, stderr, seconds = lose_node(nodes, agents, pids, 2 * processes - 1)
     train = run.records("train")
     resumed = re.search(r"resumed from \S+/(step-\d+) at step (\d+)", stderr)
     adapted = f"this run has {processes}: training.gradient_accumulation_steps 1 -> 2" in stderr
