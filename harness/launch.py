@@ -61,12 +61,13 @@ def launch_command(
     launcher: str = "accelerate",
     max_restarts: int = 0,
     precision: str | None = "no",
+    accelerate_config: str = "8gpu.yaml",
 ) -> list[str]:
     """The command that runs the script in 1 process (plain python) or N (accelerate launch
-    with the 8gpu config, or torchrun). With ``max_restarts`` the launcher restarts every
-    worker after a failure, up to that many times (even for 1 process). ``precision``:
-    accelerate launch's ``--mixed_precision`` (fp32 by default, so that CPU runs compare
-    numbers; None: the 8gpu config's bf16)."""
+    with ``accelerate_configs/ACCELERATE_CONFIG``, or torchrun). With ``max_restarts`` the
+    launcher restarts every worker after a failure, up to that many times (even for 1 process).
+    ``precision``: accelerate launch's ``--mixed_precision`` (fp32 by default, so that CPU runs
+    compare numbers; None: the config's, bf16 for 8gpu.yaml)."""
     if processes == 1 and not max_restarts:
         cmd = [sys.executable, str(script), *args]
     elif launcher == "torchrun":
@@ -78,7 +79,7 @@ def launch_command(
             "-m",
             "accelerate.commands.launch",
             "--config_file",
-            str(ROOT / "accelerate_configs" / "8gpu.yaml"),
+            str(ROOT / "accelerate_configs" / accelerate_config),
             "--num_processes",
             str(processes),
             "--main_process_port",

@@ -52,9 +52,10 @@ def launch(
     script: Path = SCRIPT,
     launcher: str = "accelerate",
     precision: str | None = "no",
+    accelerate_config: str = "8gpu.yaml",
 ) -> subprocess.CompletedProcess:
     """Run the script (see launch_command) to its end, with a hard timeout."""
-    cmd = launch_command(args, processes, script, launcher, precision=precision)
+    cmd = launch_command(args, processes, script, launcher, precision=precision, accelerate_config=accelerate_config)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(), cwd=ROOT)
 
 

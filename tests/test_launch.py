@@ -100,18 +100,28 @@ def test_world_size_disagreeing_with_the_launcher_is_an_error(monkeypatch):
         check_world(OneProcessWorld())
 
 
-@pytest.mark.parametrize("kind", [DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM])
-def test_sharded_backends_are_refused_before_training(kind):
+@pytest.mark.parametrize(
+    ("kind", "named"),
+    [
+        (DistributedType.FSDP, "FSDP with fsdp_version 1"),
+        (DistributedType.DEEPSPEED, "accelerate's distributed type DEEPSPEED"),
+        (DistributedType.MEGATRON_LM, "accelerate's distributed type MEGATRON_LM"),
+    ],
+)
+def test_sharded_types_but_fsdp2_are_refused_before_training(kind, named):
     class ShardedWorld:
         process_index = 3
         distributed_type = kind
+        is_fsdp2 = False
 
-    with pytest.raises(UserError, match=f"rank 3: accelerate's distributed type {kind.value} is not supported") as info:
+    with pytest.raises(UserError, match=f"rank 3: {named} is not supported: .* use fsdp_version: 2") as info:
         check_supported(ShardedWorld())
     assert info.value.agreed
     for plain in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
         ShardedWorld.distributed_type = plain
         check_supported(ShardedWorld())
+    ShardedWorld.distributed_type, ShardedWorld.is_fsdp2 = DistributedType.FSDP, True
+    check_supported(ShardedWorld())
 
 
 def accelerate_launch(config_file: Path, args: list[str]) -> subprocess.CompletedProcess:

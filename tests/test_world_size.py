@@ -118,8 +118,9 @@ def test_a_checkpoint_resumes_on_another_number_of_processes(tmp_path, written, 
             torch.testing.assert_close(value, theirs[key], rtol=1e-5, atol=1e-6, msg=f"{role}.{key}")
 
 
-def shape(processes, batch=BATCH, accumulate=1, d_steps=1, task="gaussian_mixture"):
+def shape(processes, batch=BATCH, accumulate=1, d_steps=1, task="gaussian_mixture", sharded=False):
     return {
+        "sharded": sharded,
         "processes": processes,
         "training.batch_size": batch,
         "training.gradient_accumulation_steps": accumulate,
@@ -149,6 +150,9 @@ def test_what_cannot_continue_is_one_line(tmp_path):
         "written with training.d_steps_per_g_step=1, this run has 2": shape(2, accumulate=2, d_steps=2),
         "written by a run of task 'gaussian_mixture', this run's is 'oracle_text': another recipe": shape(
             4, accumulate=2, task="oracle_text"
+        ),
+        "models were whole on each process .DDP or one process., this run's are sharded with FSDP2": shape(
+            4, accumulate=2, sharded=True
         ),
     }
     for message, current in refusals.items():

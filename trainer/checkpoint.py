@@ -22,7 +22,7 @@ from accelerate.logging import get_logger
 from safetensors.torch import load_model, save_model
 from torch import nn
 
-from trainer import collectives, integrity, storage
+from trainer import collectives, integrity, sharding, storage
 from trainer.config import Config
 from trainer.errors import CheckpointError
 from trainer.logs import without_log_records
@@ -118,11 +118,7 @@ class Checkpoints:
 
     def load(self, path: Path) -> None:
         """Restore every part from the checkpoint at ``path`` (every rank takes part)."""
-        record = load_checkpoint(self.accelerator, path)
-        for name, module in self.modules.items():
-            if not (path / f"{name}.safetensors").is_file():
-                raise CheckpointError(f"{path}: no {name}.safetensors: written by a run without it (training.{name}_*)")
-            load_model(module, str(path / f"{name}.safetensors"))  # onto the CPU, copied into the module
+        record = load_checkpoint(self.accelerator, path, self.modules)
         for name, part in self.parts.items():
             try:
                 part.load_state_dict(record[name])
@@ -137,11 +133,11 @@ class Checkpoints:
 SHAPE_KEYS = ("training.batch_size", "training.gradient_accumulation_steps", "training.d_steps_per_g_step")
 
 
-def run_shape(config: Config, processes: int) -> dict[str, Any]:
-    """The values of ``SHAPE_KEYS``, the number of processes and the task (the recipe), as a
-    checkpoint records them."""
+def run_shape(config: Config, processes: int, sharded: bool) -> dict[str, Any]:
+    """The values of ``SHAPE_KEYS``, the number of processes, the task (the recipe) and whether
+    the models are sharded (FSDP2), as a checkpoint records them."""
     values = {key: getattr(config.training, key.removeprefix("training.")) for key in SHAPE_KEYS}
-    return {"processes": processes, **values, "task": config.task}
+    return {"processes": processes, **values, "task": config.task, "sharded": sharded}
 
 
 def resumed_accumulation(path: Path, current: dict[str, Any]) -> int:
@@ -161,6 +157,12 @@ def resumed_accumulation(path: Path, current: dict[str, Any]) -> int:
         raise CheckpointError(
             f"{path}: written by a run of task {written['task']!r}, this run's is {current['task']!r}: another "
             "recipe cannot continue it; start a new run in another --output-dir"
+        )
+    if written.get("sharded", False) != current["sharded"]:  # recorded since 2026-12-07
+        kinds = {True: "sharded with FSDP2", False: "whole on each process (DDP or one process)"}
+        raise CheckpointError(
+            f"{path}: written by a run whose models were {kinds[written.get('sharded', False)]}, this run's are "
+            f"{kinds[current['sharded']]}: accelerate's states differ; resume under the distributed type that wrote it"
         )
     for key in ("training.batch_size", "training.d_steps_per_g_step"):
         if written.get(key) != current[key]:
@@ -327,8 +329,9 @@ def save_checkpoint(
     modules: dict[str, nn.Module],
 ) -> Path:
     """Write the full training state to ``checkpoints/step-NNNNNNN`` on every rank: ``record``
-    (each part's state; its ``run`` names the step and the run) and, from the main process,
-    ``modules`` (safetensors' ``save_model``: tied weights stored once).
+    (each part's state; its ``run`` names the step and the run) and ``modules``: from the main
+    process (safetensors' ``save_model``: tied weights stored once), or under FSDP2 their shards
+    from every rank.
 
     Everything is written under a temporary name; after every rank has finished, the main
     process renames it, so a checkpoint directory with its final name is always complete.
@@ -342,11 +345,18 @@ def save_checkpoint(
         check_space(output_dir)
 
     def write() -> None:  # every rank its part
-        with writing(partial, output_dir), without_shared_tensor_notice():
+        with writing(partial, output_dir), without_shared_tensor_notice(), sharding.without_fsdp_notices():
+            if sharding.is_sharded(accelerator):
+                # Before accelerate's state, whose sharded writes come first too: the distributed
+                # checkpoint's collectives carry a failure on one rank to all of them, and only
+                # writes of each rank's own files, which cannot leave a rank waiting, follow them.
+                for name, module in modules.items():
+                    sharding.save_module(accelerator, module, partial, name)
             accelerator.save_state(str(partial))
             if accelerator.is_main_process:
-                for name, module in modules.items():
-                    save_model(module, str(partial / f"{name}.safetensors"))
+                if not sharding.is_sharded(accelerator):
+                    for name, module in modules.items():
+                        save_model(module, str(partial / f"{name}.safetensors"))
                 state = {"format": RECORD_FORMAT, **record, "shape": shape}
                 (partial / STATE_NAME).write_text(json.dumps(state, indent=1))
 
@@ -422,14 +432,26 @@ def check_space(output_dir: Path) -> None:
         )
 
 
-def load_checkpoint(accelerator: Accelerator, path: Path) -> dict[str, Any]:
-    """Restore accelerate's state ``save_checkpoint`` wrote (the run's shape was checked by
-    :func:`resumed_accumulation`); returns the record. A rank beyond the writing run's world
-    finds no RNG state of its own: accelerate then keeps the one the run's seed gave it."""
+def load_checkpoint(accelerator: Accelerator, path: Path, modules: dict[str, nn.Module]) -> dict[str, Any]:
+    """Restore accelerate's state and ``modules`` as ``save_checkpoint`` wrote them (the run's
+    shape was checked by :func:`resumed_accumulation`); returns the record. A rank beyond the
+    writing run's world finds no RNG state of its own: accelerate then keeps the one the run's
+    seed gave it."""
+    sharded = sharding.is_sharded(accelerator)
+    for name in modules:
+        if not (sharding.holds_module(path, name) if sharded else (path / f"{name}.safetensors").is_file()):
+            raise CheckpointError(f"{path}: no {name} in it: written by a run without it (training.{name}_*)")
     try:
         record = read_record(path)
         record.pop("shape", None)
-        accelerator.load_state(str(path))
+        with sharding.without_fsdp_notices():
+            if sharded:  # the collectives first, as in save_checkpoint
+                for name, module in modules.items():
+                    sharding.load_module(accelerator, module, path, name)
+            accelerator.load_state(str(path))
+        if not sharded:
+            for name, module in modules.items():
+                load_model(module, str(path / f"{name}.safetensors"))  # onto the CPU, copied into the module
         return record
     except CheckpointError:
         raise

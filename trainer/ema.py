@@ -11,8 +11,11 @@ on every rank: no collective.
 from __future__ import annotations
 
 import torch
+from accelerate import Accelerator
 from torch import nn
 from torch.optim.swa_utils import AveragedModel
+
+from trainer import sharding
 
 
 class GeneratorEma:
@@ -33,6 +36,11 @@ class GeneratorEma:
         #: updates since the average started (its ``n_averaged`` lives on the device)
         self.updates = 0
 
+    def shard(self, accelerator: Accelerator) -> None:
+        """Under FSDP2: the average sharded as the prepared generator is, so each rank averages
+        its own shards (no collective) and holds a shard's worth of memory."""
+        self.averaged.module = sharding.shard_like_prepared(accelerator, self.averaged.module)
+
     @property
     def model(self) -> nn.Module:
         """The averaged generator, a module like the generator."""
@@ -46,7 +54,12 @@ class GeneratorEma:
             torch._foreach_copy_(averaged, current)
             return
         decay = min(self.decay, (1 + self.updates) / (10 + self.updates)) if self.warmup else self.decay
-        torch._foreach_lerp_(averaged, current, 1 - decay)  # as torch's get_ema_multi_avg_fn
+        # Under FSDP2 a group mixes the parameters' DTensor shards and the buffers' plain tensors,
+        # and torch's foreach ops take one kind at a time.
+        for kind in {type(tensor) for tensor in averaged}:
+            pairs = [(a, c) for a, c in zip(averaged, current, strict=True) if type(a) is kind]
+            # as torch's get_ema_multi_avg_fn
+            torch._foreach_lerp_([a for a, _ in pairs], [c for _, c in pairs], 1 - decay)
 
     @torch.no_grad()
     def update(self, generator: nn.Module, step: int) -> None:
@@ -55,6 +68,8 @@ class GeneratorEma:
             self.averaged.n_averaged.zero_()  # the next update copies the weights
         else:
             self.updates += 1
+        for model in (self.averaged.module, generator):  # shards with shards, under FSDP2
+            sharding.reshard(model)
         self.averaged.update_parameters(generator)
 
     def state_dict(self) -> dict[str, int]:

@@ -25,7 +25,7 @@ from accelerate.logging import get_logger
 from accelerate.utils import set_seed
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from trainer import adapters, batch_norm, checkpoint, collectives, peer_watch, run_parts, world
+from trainer import adapters, batch_norm, checkpoint, collectives, peer_watch, run_parts, sharding, world
 from trainer.checkpoint import Checkpoints, TrainState
 from trainer.config import RunConfig
 from trainer.ema import GeneratorEma
@@ -189,6 +189,10 @@ class Trainer:
         generator, discriminator, eval_loader = run_parts.prepare(
             acc, cfg, task, generator, discriminator, train_set, eval_set
         )
+        if sharding.is_sharded(acc):
+            logger.info(sharding.describe(acc, {"generator": generator.model, "discriminator": discriminator.model}))
+            if self.ema is not None:  # kept per shard, as the generator
+                self.ema.shard(acc)
         # seeded again before each micro-batch (see compute_gradients)
         self.noise = torch.Generator(device=acc.device)
         self.d, self.g = build_phases(task, cfg, acc, self.noise, self.ema, generator, discriminator)
@@ -203,7 +207,7 @@ class Trainer:
             {"run": self.state, "data": self.stream, "discriminator": self.d, "generator": self.g}
             | ({"ema": self.ema} if self.ema else {}),
             t.keep_checkpoints,
-            checkpoint.run_shape(cfg, acc.num_processes),
+            checkpoint.run_shape(cfg, acc.num_processes, sharding.is_sharded(acc)),
             {**({"ema": self.ema.averaged} if self.ema else {}), **task.checkpoint_modules()},
         )
         resumed_from = run_parts.resume(acc, self.checkpoints, resume_from) if resume_from is not None else None

@@ -17,7 +17,7 @@ from accelerate.logging import get_logger
 from accelerate.utils import send_to_device
 from torch import nn
 
-from trainer import collectives
+from trainer import collectives, sharding
 from trainer.config import Config, OptimizerSection, TrainingSection
 from trainer.ema import GeneratorEma
 from trainer.sample_order import GlobalBatches
@@ -61,9 +61,9 @@ class Phase:
     computes on a micro-batch, and its counters.
 
     ``opponent`` is the other model's unwrapped module, which the phase's computation calls;
-    ``frozen`` are parameters held still while the phase runs (the discriminator's, for the
-    generator phase, which calls the unwrapped discriminator: its DDP reducer does no work and no
-    gradient reaches it)."""
+    ``frozen`` are models held still while the phase runs (the discriminator, for the generator
+    phase, which calls the unwrapped discriminator: its DDP reducer does no work and no gradient
+    reaches it)."""
 
     name: str
     role: str
@@ -77,7 +77,7 @@ class Phase:
     compute: Compute
     needs_data: bool
     opponent: nn.Module
-    frozen: list[nn.Parameter] = field(default_factory=list)
+    frozen: list[nn.Module] = field(default_factory=list)
     #: called with the phase after each of its optimizer steps (the generator's moving average)
     after_step: Callable[[Phase], None] | None = None
     #: optimizer steps taken, steps skipped (non-finite gradients), skips in a row
@@ -112,10 +112,10 @@ class Phase:
             # gradients exist now, so only its optimizer is unscaled.
             scaler.unscale_(self.optimizer.optimizer)
         if self.max_grad_norm > 0:
-            self.grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
+            self.grad_norm = sharding.value(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
             finite = math.isfinite(self.grad_norm)
         elif log_norm:
-            self.grad_norm = float(torch.nn.utils.get_total_norm([p.grad for p in params]))
+            self.grad_norm = sharding.value(torch.nn.utils.get_total_norm([p.grad for p in params]))
             finite = math.isfinite(self.grad_norm)
         else:
             finite = gradients_finite(params)
@@ -264,7 +264,7 @@ def build_phases(
               optim.discriminator.max_grad_norm, d_loss, needs_data=True, opponent=unwrapped_g)  # fmt: skip
     g = Phase("g", "generator", generator.model, unwrapped_g, generator.optimizer, generator.scheduler,
               optim.generator.max_grad_norm, g_loss, task.generator_needs_data, opponent=unwrapped_d,
-              frozen=list(d.params), after_step=functools.partial(after_generator_step, task, acc, ema))  # fmt: skip
+              frozen=[unwrapped_d], after_step=functools.partial(after_generator_step, task, acc, ema))  # fmt: skip
     return d, g
 
 
@@ -318,19 +318,30 @@ def gradients_finite(params: list[nn.Parameter]) -> bool:
 
     A NaN or an infinity makes the sum non-finite; finite gradients whose sum overflows
     float32 count as non-finite too, which they are for practical purposes. Half the cost of
-    a norm (no squares, no square root), which matters when the norm is not needed.
+    a norm (no squares, no square root), which matters when the norm is not needed. Under
+    FSDP2 the sums are of each rank's shards, and their total is reduced over the ranks.
     """
-    return math.isfinite(float(torch.stack([p.grad.sum(dtype=torch.float32) for p in params]).sum()))
+    return math.isfinite(sharding.value(torch.stack([p.grad.sum(dtype=torch.float32) for p in params]).sum()))
 
 
 @contextlib.contextmanager
-def frozen(params: list[nn.Parameter]) -> Iterator[None]:
-    """Parameters with requires_grad off, so a backward pass through them leaves them untouched."""
+def frozen(models: list[nn.Module]) -> Iterator[None]:
+    """The models' parameters with requires_grad off, so a backward pass through them leaves
+    them untouched.
+
+    Under FSDP2 each model is resharded at both ends: torch gives a gathered parameter the flag
+    of its shard when it gathers it, and a group still gathered from before (the last one, which
+    accelerate keeps gathered after a forward) would train while frozen, or stay frozen after."""
+    for model in models:
+        sharding.reshard(model)
+    params = [param for model in models for param in model.parameters()]
     flags = [p.requires_grad for p in params]
     for param in params:
         param.requires_grad_(False)
     try:
         yield
     finally:
+        for model in models:
+            sharding.reshard(model)
         for param, flag in zip(params, flags, strict=True):
             param.requires_grad_(flag)

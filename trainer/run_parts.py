@@ -17,7 +17,7 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from torch import nn
 
-from trainer import adapters, checkpoint, collectives, storage, weights
+from trainer import adapters, checkpoint, collectives, sharding, storage, weights
 from trainer.config import Config, InitSection, OptimizerSection, RunConfig, TrainingSection
 from trainer.config.model_configs import is_model_source
 from trainer.config.schema import to_mapping
@@ -186,6 +186,8 @@ def prepare(
     if t.d_steps_per_g_step:
         opt_d, sched_d = optimization(cfg.optim.discriminator, discriminator, t.max_steps * t.d_steps_per_g_step)
         trained_d = Trainable(*acc.prepare(discriminator, opt_d, sched_d))
+    elif sharding.is_sharded(acc):  # accelerate shards a model only with its optimizer
+        trained_d = Trainable(sharding.shard_like_prepared(acc, discriminator.requires_grad_(False)))
     else:
         trained_d = Trainable(acc.prepare_model(discriminator.requires_grad_(False), evaluation_mode=True))
     return trained_g, trained_d, evaluation
@@ -218,7 +220,7 @@ def resumed_config(accelerator: Accelerator, config: Config, path: Path) -> Conf
     """``config`` with the accumulation that continues the checkpoint at ``path`` on this number
     of processes (one line when it changes); a run that cannot continue it fails every rank."""
     t, acc = config.training, accelerator
-    shape = checkpoint.run_shape(config, acc.num_processes)
+    shape = checkpoint.run_shape(config, acc.num_processes, sharding.is_sharded(acc))
     accumulation = collectives.agreed(
         acc, "checking the checkpoint's run", lambda: checkpoint.resumed_accumulation(path, shape)
     )

@@ -18,8 +18,13 @@ from typing import NoReturn
 
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration, InitProcessGroupKwargs
-from accelerate.state import AcceleratorState, GradientState
-from accelerate.utils import DistributedType, GradientAccumulationPlugin, ProjectConfiguration
+from accelerate.state import AcceleratorState, GradientState, PartialState
+from accelerate.utils import (
+    DistributedType,
+    FullyShardedDataParallelPlugin,
+    GradientAccumulationPlugin,
+    ProjectConfiguration,
+)
 
 from trainer import collectives
 from trainer.config import Config, RunConfig
@@ -42,10 +47,12 @@ def build_accelerator(
     # A previous run in this process (a notebook, a test) leaves accelerate's singletons set.
     reset_accelerate_state(partial=False)
     check_launcher()
+    check_requested_type()
     with startup_bound(cfg.distributed.timeout_s):
         # Without cpu=True on a machine without GPUs, a launcher starts N one-process worlds.
         cpu = form_process_group(device, cfg.distributed.timeout_s)
         accelerator = make_accelerator(cfg, cpu, project_dir, log_with)
+    shard_on_cpu(accelerator)
     check_world(accelerator)
     check_supported(accelerator)
     return accelerator
@@ -74,6 +81,33 @@ def make_accelerator(cfg: Config, cpu: bool, project_dir: str | None, log_with: 
     )
 
 
+#: the distributed type accelerate gave this process before :func:`shard_on_cpu` made it FSDP
+#: (given back when the run's state is reset), or None
+CPU_TYPE_BEFORE_FSDP: DistributedType | None = None
+
+
+def shard_on_cpu(accelerator: Accelerator) -> None:
+    """An FSDP launch (``distributed_type: FSDP``) on a world of CPU processes made FSDP, as
+    accelerate makes it on GPUs.
+
+    accelerate turns FSDP on only for the device types in its list of accelerators, and leaves a
+    CPU world plain MULTI_CPU with the config's sharding unused. torch's ``fully_shard`` runs
+    on the CPU over gloo, so an FSDP config can be rehearsed on a machine without GPUs (and the
+    tests run it). AcceleratorState takes PartialState's type each time it is built (prepare
+    builds it), so both are set, as accelerate sets both itself.
+    """
+    global CPU_TYPE_BEFORE_FSDP
+    if not launcher_asks("FSDP") or accelerator.distributed_type != DistributedType.MULTI_CPU:
+        return
+    plugin = FullyShardedDataParallelPlugin()  # from the launcher's FSDP_* variables
+    if accelerator.mixed_precision != "no":
+        plugin.set_mixed_precision(accelerator.mixed_precision)
+    CPU_TYPE_BEFORE_FSDP = accelerator.distributed_type
+    accelerator.state.fsdp_plugin = plugin
+    accelerator.state.distributed_type = DistributedType.FSDP
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+
+
 def release_accelerator() -> None:
     """Forget accelerate's per-run singletons so that a later run in this process starts clean.
 
@@ -87,7 +121,12 @@ def reset_accelerate_state(partial: bool) -> None:
     """accelerate's singletons (the state of its Accelerator and of gradient accumulation)
     forgotten; with ``partial`` the per-process state too. accelerate has no public way to do
     this; its private ``_reset_state`` is called here alone, and tests/test_api.py fails loudly
-    if an upgrade changes it."""
+    if an upgrade changes it. A type :func:`shard_on_cpu` set is given back first: the process
+    state outlives the run when its process group does."""
+    global CPU_TYPE_BEFORE_FSDP
+    if CPU_TYPE_BEFORE_FSDP is not None and "distributed_type" in PartialState._shared_state:
+        PartialState._shared_state["distributed_type"] = CPU_TYPE_BEFORE_FSDP
+    CPU_TYPE_BEFORE_FSDP = None
     AcceleratorState._reset_state(reset_partial_state=partial)
     GradientState._reset_state()
 
@@ -138,21 +177,47 @@ def check_world(accelerator: Accelerator) -> None:
         )
 
 
-#: what the loop supports: it reads each rank's whole gradients and calls the unwrapped modules,
-#: which sharded parameters (FSDP, DeepSpeed, Megatron) would make wrong
-SUPPORTED_TYPES = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
+#: the distributed types the loop runs under: one process, DDP on CPUs or GPUs, and FSDP2
+#: (accelerate's FSDP with ``fsdp_version: 2``: torch's ``fully_shard``)
+SUPPORTED_TYPES = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU, DistributedType.FSDP)
 
 
 def check_supported(accelerator: Accelerator) -> None:
-    """Fail on every rank, before training, under a distributed type the loop does not support."""
-    if accelerator.distributed_type not in SUPPORTED_TYPES:
-        error = UserError(
-            f"rank {accelerator.process_index}: accelerate's distributed type {accelerator.distributed_type.value} "
-            "is not supported: the loop reads whole gradients and calls the unwrapped models, which sharded "
-            "parameters break; use a plain multi-GPU or multi-CPU accelerate config (accelerate_configs/8gpu.yaml)"
-        )
-        error.agreed = True  # the config is the same on every rank
-        raise error
+    """Fail on every rank, before training, under a distributed type the loop does not support
+    (FSDP1, DeepSpeed, Megatron-LM): each is one line pointing to FSDP2."""
+    kind = accelerator.distributed_type
+    if kind in SUPPORTED_TYPES and (kind != DistributedType.FSDP or accelerator.is_fsdp2):
+        return
+    name = "FSDP with fsdp_version 1" if kind == DistributedType.FSDP else f"accelerate's distributed type {kind.value}"
+    raise unsupported_type(name, str(accelerator.process_index))
+
+
+def check_requested_type() -> None:
+    """:func:`check_supported` before any process group, from what the launcher asked
+    (``accelerate launch`` sets ``ACCELERATE_USE_*``): accelerate cannot even build some of them
+    (FSDP1 on the CPU), and then fails with a traceback."""
+    rank = os.environ.get("RANK", "0")
+    if launcher_asks("FSDP") and os.environ.get("FSDP_VERSION", "1") != "2":
+        raise unsupported_type("FSDP with fsdp_version 1", rank)
+    for kind in ("DEEPSPEED", "MEGATRON_LM"):
+        if launcher_asks(kind):
+            raise unsupported_type(f"accelerate's distributed type {kind}", rank)
+
+
+def launcher_asks(kind: str) -> bool:
+    """Whether ``accelerate launch`` asked for ``kind`` (FSDP, DEEPSPEED, MEGATRON_LM)."""
+    return os.environ.get(f"ACCELERATE_USE_{kind}", "false").lower() == "true"
+
+
+def unsupported_type(name: str, rank: str) -> UserError:
+    """The one line of a distributed type the loop does not run."""
+    error = UserError(
+        f"rank {rank}: {name} is not supported: the loop shards both models with FSDP2 "
+        "(torch's fully_shard); use fsdp_version: 2 (accelerate_configs/8gpu_fsdp.yaml), or a plain multi-GPU "
+        "or multi-CPU config (accelerate_configs/8gpu.yaml)"
+    )
+    error.agreed = True  # the config is the same on every rank
+    return error
 
 
 def describe_rank(accelerator: Accelerator) -> str:

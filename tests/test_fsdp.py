@@ -1,0 +1,139 @@
+"""FSDP2 (accelerate's FSDP with fsdp_version 2) on CPU processes over gloo: the run is the DDP
+run (losses, gradient norms, the generator's average, BatchNorm statistics and the exported
+weights agree to float rounding), it resumes bit for bit from its sharded checkpoints, and the
+sharded types the loop does not run are one line each."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from helpers import ROOT, check, launch, pacgan_models, records, write_run
+from safetensors.torch import load_file
+from test_oracle_text import write_oracle_run
+from transformers import AutoModelForCausalLM
+
+STEPS, SAVED = 6, 3
+COMPARED = ("d_loss", "g_loss", "grad_norm_d", "grad_norm_g")
+EXPORTED = ("generator", "generator_raw", "discriminator")
+
+
+def config(tmp_path, models: str):
+    """A tiny ring run with what sharding touches: accumulation, clipping (a norm over shards),
+    the generator's average, and with ``pacgan`` BatchNorm statistics shared after each step."""
+    section = {"model": pacgan_models(tmp_path / "models")} if models == "pacgan" else {}
+    return write_run(
+        tmp_path,
+        {
+            **section,
+            "training": {
+                "max_steps": STEPS,
+                "save_every": SAVED,
+                "eval_every": SAVED,
+                "keep_checkpoints": 5,
+                "gradient_accumulation_steps": 2,
+                "ema_decay": 0.8,
+            },
+            "optim": {
+                "generator": {"max_grad_norm": 0.05, "scheduler": "linear"},
+                "discriminator": {"max_grad_norm": 0.05},
+            },
+        },
+    )
+
+
+def run(path, accelerate_config: str, *extra: str):
+    args = ["--config", str(path), "--device", "cpu", *extra]
+    return check(launch(args, 2, accelerate_config=accelerate_config))
+
+
+def final_weights(out):
+    return {role: load_file(out / "final" / role / "model.safetensors") for role in EXPORTED}
+
+
+@pytest.mark.timeout(300)
+# accelerate gives a final norm (PacGAN's last BatchNorm) a group of its own
+@pytest.mark.parametrize(("models", "generator_groups"), [("mlp", 1), ("pacgan", 2)])
+def test_fsdp2_at_two_processes_is_the_ddp_run(tmp_path, models, generator_groups):
+    ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
+    run(config(ddp, models), "8gpu.yaml")
+    result = run(config(fsdp, models), "cpu_fsdp.yaml")
+    groups = f"the generator in {generator_groups} group(s), the discriminator in 1 group(s); each of the 2 ranks"
+    assert f"FSDP2: {groups}" in result.stderr
+    assert all(r["world_size"] == 2 for r in records(fsdp / "out"))
+    # sharded: the models and the average in distributed checkpoints, no whole weights file
+    written = {p.name for p in (fsdp / "out" / "checkpoints" / f"step-{SAVED:07d}").iterdir()}
+    assert {"pytorch_model_fsdp_0", "pytorch_model_fsdp_1", "pytorch_model_fsdp_ema"} <= written
+    assert not any(name.endswith("safetensors") for name in written), written
+    ours, theirs = records(fsdp / "out", "train"), records(ddp / "out", "train")
+    assert len(ours) == len(theirs) == STEPS
+    for mine, reference in zip(ours, theirs, strict=True):
+        for key in COMPARED:
+            assert mine[key] == pytest.approx(reference[key], rel=1e-5), (mine["step"], key)
+    assert [r["reverse_kl"] for r in records(fsdp / "out", "eval")] == pytest.approx(
+        [r["reverse_kl"] for r in records(ddp / "out", "eval")], rel=1e-5
+    )
+    sharded, whole = final_weights(fsdp / "out"), final_weights(ddp / "out")
+    for role in EXPORTED:
+        assert sharded[role].keys() == whole[role].keys()
+        for key, value in sharded[role].items():
+            torch.testing.assert_close(value, whole[role][key], rtol=1e-5, atol=1e-6, msg=f"{role}.{key}")
+
+
+@pytest.mark.timeout(400)
+def test_fsdp2_of_two_gpt2_models_is_the_ddp_run(tmp_path):
+    """Transformer blocks in groups of their own, tied embeddings, the discriminator frozen in
+    the generator phase (a group still gathered would keep its old flag: found so), the average,
+    and exports that from_pretrained loads."""
+    path = write_oracle_run(tmp_path, {"training": {"ema_decay": 0.5}})
+    outputs = {name: tmp_path / name for name in ("8gpu.yaml", "cpu_fsdp.yaml")}
+    for name, out in outputs.items():
+        result = run(path, name, "--output-dir", str(out))
+    assert "FSDP2: the generator in 5 group(s), the discriminator in 4 group(s)" in result.stderr
+    ours, theirs = records(outputs["cpu_fsdp.yaml"], "train"), records(outputs["8gpu.yaml"], "train")
+    assert len(ours) == len(theirs) == 4
+    for mine, reference in zip(ours, theirs, strict=True):
+        for key in (*COMPARED, "reward", "nll_real"):
+            assert mine[key] == pytest.approx(reference[key], rel=1e-5), (mine["step"], key)
+    for role in EXPORTED:
+        sharded, whole = (load_file(out / "final" / role / "model.safetensors") for out in outputs.values())
+        for key, value in sharded.items():
+            torch.testing.assert_close(value, whole[key], rtol=1e-5, atol=1e-6, msg=f"{role}.{key}")
+    model = AutoModelForCausalLM.from_pretrained(outputs["cpu_fsdp.yaml"] / "final" / "generator")
+    assert model.lm_head.weight is model.transformer.wte.weight  # the tie survives the export
+
+
+@pytest.mark.timeout(300)
+def test_an_fsdp2_run_resumes_bit_for_bit(tmp_path):
+    path = config(tmp_path, "pacgan")
+    out = tmp_path / "out"
+    run(path, "cpu_fsdp.yaml")
+    again = tmp_path / "again"
+    shutil.copytree(out, again)
+    (again / "metrics.jsonl").unlink()
+    for later in again.glob("checkpoints/step-*"):
+        if later.name != f"step-{SAVED:07d}":
+            shutil.rmtree(later)
+    result = run(path, "cpu_fsdp.yaml", "--output-dir", str(again), "--resume", "latest")
+    assert f"resumed from {again / 'checkpoints' / f'step-{SAVED:07d}'} at step {SAVED}" in result.stderr
+    whole = {r["step"]: r for r in records(out, "train")}
+    for record in records(again, "train"):
+        assert {k: record[k] for k in COMPARED} == {k: whole[record["step"]][k] for k in COMPARED}
+    resumed, uninterrupted = final_weights(again), final_weights(out)
+    for role in EXPORTED:
+        for key, value in resumed[role].items():
+            assert torch.equal(value, uninterrupted[role][key]), f"{role}.{key}"
+
+
+@pytest.mark.timeout(120)
+def test_fsdp1_is_one_line_on_every_rank(tmp_path):
+    fsdp1 = tmp_path / "fsdp1.yaml"
+    shipped = (ROOT / "accelerate_configs" / "cpu_fsdp.yaml").read_text()
+    fsdp1.write_text(shipped.replace("fsdp_version: 2", "fsdp_version: 1"))
+    result = launch(["--config", str(config(tmp_path, "mlp")), "--device", "cpu"], 2, accelerate_config=str(fsdp1))
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error (rank")]
+    assert sorted(line.split(")")[0] for line in lines) == ["error (rank 0", "error (rank 1"], result.stderr[-3000:]
+    assert all("FSDP with fsdp_version 1 is not supported" in line and "8gpu_fsdp.yaml" in line for line in lines)
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
