@@ -9,6 +9,7 @@ import functools
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -66,7 +67,9 @@ class TwoNodes:
         for old in self.run.pids.iterdir():
             old.unlink()
         agents = []
-        for _ in range(2):
+        for index in range(2):
+            if index:  # the first agent hosts the rendezvous store: once it listens, the second
+                listening(self.endpoint, HARD_TIMEOUT)
             agents.append(
                 subprocess.Popen(
                     self.command(*extra),
@@ -78,7 +81,6 @@ class TwoNodes:
                     start_new_session=True,
                 )
             )
-            time.sleep(0.3)  # the first agent hosts the rendezvous store
         return agents
 
     def finish(self, agents: list[subprocess.Popen]) -> list[tuple[int, str, str]]:
@@ -93,6 +95,16 @@ class TwoNodes:
         start = time.monotonic()
         ends = self.finish(self.start(*extra))
         return ends, time.monotonic() - start
+
+
+def listening(endpoint: str, timeout: float) -> None:
+    """Wait until a server accepts connections at ``endpoint`` (host:port), at most ``timeout`` s."""
+    host, port = endpoint.rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection((host, int(port)), timeout=1):
+            return
+        time.sleep(0.05)
 
 
 def parent(pid: int) -> int:
@@ -183,10 +195,11 @@ def _lost_node(which: str, work: Path, processes: int) -> Outcome:
 
 def go_on_without_a_node(work: Path, processes: int) -> Outcome:
     """An elastic job (``--nnodes 1:2``, ``--max-restarts 1``, ``--resume latest``) loses the
-    node of its last rank (agent and workers SIGKILLed) after its first checkpoint: the other
-    node's agent re-forms a group of one node, whose workers resume from that checkpoint at half
-    the world (the accumulation doubled) and reach max_steps; that agent exits 0."""
-    label = "two elastic nodes (--nnodes 1:2), the last rank's node lost, the other goes on"
+    node that does not host the rendezvous store (agent and workers SIGKILLed) after its first
+    checkpoint: the other node's agent re-forms a group of one node, whose workers resume from
+    that checkpoint at half the world (the accumulation doubled) and reach max_steps; that agent
+    exits 0. (The host's loss ends the job: torch's c10d store lives in its agent.)"""
+    label = "two elastic nodes (--nnodes 1:2), the node without the store lost, the other goes on"
     training = {"max_steps": 40, "save_every": 4, "eval_every": 1000, "log_every": 1}
     run = Run(work, 2 * processes, {"step_sleep_s": 0.05}, training=training)
     # the re-formed group waits for a second node this long once it has one (torch's default: 30 s)
@@ -197,7 +210,8 @@ def go_on_without_a_node(work: Path, processes: int) -> Outcome:
     deadline = time.monotonic() + HARD_TIMEOUT
     while not first.is_dir() and time.monotonic() < deadline:
         time.sleep(0.02)
-    _, code, stderr, seconds = lose_node(nodes, agents, pids, 2 * processes - 1)
+    rank = next(rank for rank, pid in pids.items() if parent(pid) == agents[1].pid)
+    _, code, stderr, seconds = lose_node(nodes, agents, pids, rank)
     train = run.records("train")
     resumed = re.search(r"resumed from \S+/(step-\d+) at step (\d+)", stderr)
     adapted = f"this run has {processes}: training.gradient_accumulation_steps 1 -> 2" in stderr
