@@ -5,14 +5,20 @@ sharded types the loop does not run are one line each."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
-from helpers import ROOT, check, launch, pacgan_models, records, write_run
+from helpers import ROOT, check, env, launch, pacgan_models, records, write_run
 from safetensors.torch import load_file
 from test_oracle_text import write_oracle_run
+from test_text import write_text_run
 from transformers import AutoModelForCausalLM
+
+from trainer.text_example import write_text_example
 
 STEPS, SAVED = 6, 3
 COMPARED = ("d_loss", "g_loss", "grad_norm_d", "grad_norm_g")
@@ -137,3 +143,50 @@ def test_fsdp1_is_one_line_on_every_rank(tmp_path):
     assert sorted(line.split(")")[0] for line in lines) == ["error (rank 0", "error (rank 1"], result.stderr[-3000:]
     assert all("FSDP with fsdp_version 1 is not supported" in line and "8gpu_fsdp.yaml" in line for line in lines)
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+@pytest.mark.timeout(200)
+def test_sampling_from_a_sharded_generator_runs_as_many_forwards_on_every_rank(tmp_path):
+    """transformers' generate keeps every rank forwarding until all ranks' texts ended for a
+    model torch's fully_shard marks (``synced_gpus``); without it a rank whose texts all ended
+    stops gathering shards that another still needs (a gloo error, found so)."""
+    paths = write_text_example(tmp_path / "example", "gpt2", vocab_size=300, eval_texts=4)
+    config = write_text_run(tmp_path, paths)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cmd += [str(ROOT / "tests" / "sharded_generation.py"), str(config)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env(), cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = {r.pop("rank"): r for r in map(json.loads, result.stdout.splitlines())}
+    assert ranks == {
+        0: {"lengths": [1, 1, 1, 1], "as_unsharded": True, "ranks": [0, 1]},
+        1: {"lengths": [12, 12, 12, 12], "as_unsharded": True, "ranks": [0, 1]},
+    }
+
+
+@pytest.mark.timeout(120)
+def test_lora_under_fsdp2_is_one_line_on_every_rank(tmp_path):
+    paths = write_text_example(tmp_path / "example", "gpt2", vocab_size=300, eval_texts=4)
+    config = write_text_run(tmp_path, paths, {"model": {"discriminator_peft": {"r": 4}}})
+    result = launch(["--config", str(config), "--device", "cpu"], 2, accelerate_config="cpu_fsdp.yaml")
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error (rank")]
+    assert sorted(line.split(")")[0] for line in lines) == ["error (rank 0", "error (rank 1"], result.stderr[-3000:]
+    assert all("key 'model.discriminator_peft': LoRA adapters do not run under FSDP2 yet" in line for line in lines)
+
+
+@pytest.mark.timeout(400)
+def test_a_sharded_reference_moves_with_its_rounds_as_under_ddp(tmp_path):
+    """ddo's reference (the starting generator, moved to the generator every 2 steps) is sharded
+    as the generator is, and a checkpoint holds its shards."""
+    paths = write_text_example(tmp_path / "example", "gpt2", vocab_size=300, eval_texts=5)
+    options = {"generator_objective": "ddo", "beta": 0.5, "round_steps": 2, "prompt_len": 2}
+    path = write_text_run(tmp_path, paths, {"task_options": options, "training": {"d_steps_per_g_step": 0}})
+    outputs = {name: tmp_path / name for name in ("8gpu.yaml", "cpu_fsdp.yaml")}
+    for name, out in outputs.items():
+        run(path, name, "--output-dir", str(out))
+    ours, theirs = records(outputs["cpu_fsdp.yaml"], "train"), records(outputs["8gpu.yaml"], "train")
+    assert len(ours) == len(theirs) == 4
+    for mine, reference in zip(ours, theirs, strict=True):
+        for key in ("g_loss", "log_ratio_fake", "log_ratio_real"):
+            assert mine[key] == pytest.approx(reference[key], rel=1e-5, abs=1e-7), (mine["step"], key)
+    assert (outputs["cpu_fsdp.yaml"] / "checkpoints" / "step-0000004" / "pytorch_model_fsdp_reference").is_dir()

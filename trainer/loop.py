@@ -169,6 +169,7 @@ class Trainer:
             )
             error.agreed = True  # the config and the task are the same on every rank
             raise error
+        sharding.check_config(acc, cfg, self.run.source)
         set_seed(t.seed)
         task.prepare_frozen = functools.partial(run_parts.place_frozen, acc)
         adapters.checkpoint_adapters_only(acc)

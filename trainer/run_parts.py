@@ -137,7 +137,10 @@ def place_frozen(accelerator: Accelerator, model: nn.Module) -> nn.Module:
     """A frozen model a task builds itself (a reference generator) placed as the trained ones
     are: on the device, its forward (generation included) under the run's autocast. Not
     accelerate's prepare_model: it registers the model, and every checkpoint would then hold
-    a copy of weights that do not change."""
+    a copy of weights that do not change. Under FSDP2 it is sharded as the generator is (its
+    forwards then all-gather, run by every rank where the generator's are)."""
+    if sharding.is_sharded(accelerator):
+        return sharding.shard_like_prepared(accelerator, model)
     model = model.to(accelerator.device)
     forward = model.forward
 

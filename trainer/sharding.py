@@ -21,6 +21,8 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from trainer.config import Config
+from trainer.errors import ConfigError
 from trainer.logs import without_log_records
 
 
@@ -41,6 +43,22 @@ def reshard(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.reshard()
+
+
+def check_config(accelerator: Accelerator, cfg: Config, source: str) -> None:
+    """Fail on every rank before the models are read when the config asks for what the loop
+    does not run under FSDP2: LoRA adapters (peft's ``generate`` skips the sharded model's top
+    forward, and an adapted export copies the model, which a sharded one refuses)."""
+    if not is_sharded(accelerator):
+        return
+    for key in ("peft", "discriminator_peft"):
+        if getattr(cfg.model, key):
+            error = ConfigError(
+                f"{source}: key 'model.{key}': LoRA adapters do not run under FSDP2 yet; train them with "
+                "a plain multi-GPU config (accelerate_configs/8gpu.yaml), or shard the whole models without it"
+            )
+            error.agreed = True  # the config and the launch are the same on every rank
+            raise error
 
 
 def shard_like_prepared(accelerator: Accelerator, module: nn.Module) -> nn.Module:
