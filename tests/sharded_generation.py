@@ -1,7 +1,7 @@
 """Under torchrun, 2 processes: the text task's sampling from a generator sharded with FSDP2,
 rank 0's texts ending at their first token and rank 1's running to ``max_new_tokens``. Each
 forward all-gathers the generator's shards, so every rank must run as many forwards as the
-longest generation of any rank. Prints each rank's text lengths as one JSON line."""
+longest generation of any rank. Prints every rank's text lengths, from rank 0, as one JSON line."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from torch.distributed.fsdp import fully_shard
 
 from trainer.config import load_config
 from trainer.tasks import load_task
+from trainer.world import exit_process
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -40,7 +41,10 @@ with torch.no_grad():
 # all-gathers paired with its later collectives (garbage weights, no error) and this one off
 ranks = [torch.zeros(1, dtype=torch.long) for _ in range(2)]
 dist.all_gather(ranks, torch.tensor([rank]))
-result = {"rank": rank, "lengths": task.lengths(tokens).tolist(), "as_unsharded": torch.equal(tokens, expected)}
-print(json.dumps({**result, "ranks": torch.cat(ranks).tolist()}), flush=True)
+result = {"lengths": task.lengths(tokens).tolist(), "as_unsharded": torch.equal(tokens, expected)}
+results = [None, None]
+dist.all_gather_object(results, {**result, "ranks": torch.cat(ranks).tolist()})
+if rank == 0:
+    print(json.dumps(results), flush=True)
 dist.barrier()
-dist.destroy_process_group()
+exit_process(0)  # gloo's threads would abort the interpreter's finalization (see there)

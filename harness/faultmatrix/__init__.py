@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness.faultmatrix import input_faults, node_faults, rank_faults, storage_faults
-from harness.faultmatrix.runs import Outcome
+from harness.faultmatrix.runs import Outcome, launched_with
 
 SCENARIOS: dict[str, Callable[[Path, int], Outcome]] = {
     "kill_one_rank": rank_faults.kill_one_rank,
@@ -54,9 +54,15 @@ SCENARIOS: dict[str, Callable[[Path, int], Outcome]] = {
 NODE_SCENARIOS = tuple(name for name in SCENARIOS if name.startswith("two_nodes"))
 
 
-def run_scenario(name: str, processes: int, work: Path | None = None) -> Outcome:
-    """Run one scenario in a fresh directory (a temporary one unless ``work`` is given)."""
-    if work is not None:
-        return SCENARIOS[name](work, processes)
-    with tempfile.TemporaryDirectory() as tmp:
-        return SCENARIOS[name](Path(tmp), processes)
+#: the scenarios that also run with both models sharded (FSDP2, ``accelerate_configs/cpu_fsdp.yaml``)
+FSDP_SCENARIOS = ("kill_one_rank", "freeze_one_rank", "nan_on_one_rank", "error_on_main_process", "terminate_one_rank")
+
+
+def run_scenario(name: str, processes: int, work: Path | None = None, accelerate_config: str = "8gpu.yaml") -> Outcome:
+    """Run one scenario in a fresh directory (a temporary one unless ``work`` is given), its
+    ``accelerate launch`` runs with ``accelerate_configs/ACCELERATE_CONFIG``."""
+    with launched_with(accelerate_config):
+        if work is not None:
+            return SCENARIOS[name](work, processes)
+        with tempfile.TemporaryDirectory() as tmp:
+            return SCENARIOS[name](Path(tmp), processes)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from trainer.tasks.gaussian_mixture import GaussianMixtureOptions, GaussianMixtureTask
 
@@ -48,6 +49,11 @@ class FaultOptions(GaussianMixtureOptions):
     #: rank 1 breaks the task contract: "loss_part" (an extra loss part), "eval_key" (an
     #: extra eval output) or "eval_rank" (an eval output with one more dimension) ("": never)
     uneven: str = ""
+
+
+def whole(param: torch.Tensor) -> torch.Tensor:
+    """A parameter whole: under FSDP2 its shards gathered (every rank's eval calls this alike)."""
+    return param.full_tensor() if isinstance(param, DTensor) else param
 
 
 ERRORS = {
@@ -122,7 +128,7 @@ class Faults(GaussianMixtureTask):
     def eval_outputs(self, generator, discriminator, batch):
         self._maybe_raise("eval_outputs")
         outputs = super().eval_outputs(generator, discriminator, batch)
-        checksum = sum(p.double().sum() for p in [*generator.parameters(), *discriminator.parameters()])
+        checksum = sum(whole(p).double().sum() for p in [*generator.parameters(), *discriminator.parameters()])
         outputs["checksum"] = checksum.expand(len(batch["real"])).clone()
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         if rank == 1 and self.options.uneven == "eval_key":

@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,22 @@ class Outcome:
     outcome: str
     seconds: float
     on_disk: str
+
+
+#: the accelerate config that ``accelerate launch`` runs take (see :func:`launched_with`)
+ACCELERATE_CONFIG = "8gpu.yaml"
+
+
+@contextlib.contextmanager
+def launched_with(accelerate_config: str) -> Iterator[None]:
+    """While inside, the runs' ``accelerate launch`` takes ``accelerate_configs/ACCELERATE_CONFIG``
+    (``cpu_fsdp.yaml``: the scenarios with both models sharded)."""
+    global ACCELERATE_CONFIG
+    before, ACCELERATE_CONFIG = ACCELERATE_CONFIG, accelerate_config
+    try:
+        yield
+    finally:
+        ACCELERATE_CONFIG = before
 
 
 class Run:
@@ -63,7 +79,11 @@ class Run:
 
     def command(self, *extra: str) -> list[str]:
         return launch_command(
-            [*self.args, *extra], self.processes, launcher=self.launcher, max_restarts=self.max_restarts
+            [*self.args, *extra],
+            self.processes,
+            launcher=self.launcher,
+            max_restarts=self.max_restarts,
+            accelerate_config=ACCELERATE_CONFIG,
         )
 
     def env(self) -> dict[str, str]:
