@@ -33,6 +33,24 @@ def test_bench_loop_prints_a_row_per_process_count():
         assert int(plain_mb) > 100 and int(trainer_mb) > 100
 
 
+@pytest.mark.timeout(300)
+def test_bench_fsdp_counts_each_rank_s_shards():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_fsdp.py"), "--size", "tiny", "--processes", "1", "2"],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = re.findall(r"^\| (\d) \| (\w+) \|((?: [\d.]+ \|){7})$", done.stdout, re.M)
+    assert [(processes, kind) for processes, kind, _ in rows] == [("1", "whole"), ("2", "DDP"), ("2", "FSDP2")]
+    figures = {kind: [float(x) for x in numbers.strip(" |").split(" | ")] for _, kind, numbers in rows}
+    assert figures["DDP"][:4] == figures["whole"][:4]  # DDP holds every parameter on every rank
+    # FSDP2: half of each (a shard may be padded to split evenly), counted from the tensors themselves
+    assert figures["FSDP2"][3] <= 0.55 * figures["DDP"][3] and figures["FSDP2"][4] <= 0.55
+    assert all(f[6] > 100 for f in figures.values())  # the peak resident sets: each launch's own
+
+
 @pytest.mark.timeout(600)
 def test_the_gpu_check_runs_its_parts_on_the_cpu(tmp_path):
     # every part of scripts/gpu_check.sh on the CPU over gloo, a few steps each; on a GPU the
@@ -52,7 +70,8 @@ def test_the_gpu_check_runs_its_parts_on_the_cpu(tmp_path):
     table = done.stdout[done.stdout.index("check ") :]
     assert "doctor (rank 0): verdict: OK" in table and "group of one: gloo all_reduce 16 MB" in table, table
     sides = [f"bench_text tiny {objective}, {side}, bf16" for objective in ("minimal", "shipped") for side in SIDES]
-    for name in ("ring, bf16", "text stage 2, bf16", *sides):
+    assert "ring FSDP2 1 process, bf16           FSDP2: the generator in 1 group(s)" in table, table
+    for name in ("ring, bf16", "text stage 2, bf16", "ring FSDP2 1 process, bf16", *sides):
         row = next(line for line in table.splitlines() if line.startswith(name))
         numbers = [float(word) for word in row[len(name) :].split() if word != "-"]
         assert numbers and all(n > 0 for n in numbers), row

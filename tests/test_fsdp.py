@@ -198,3 +198,26 @@ def test_one_non_finite_element_of_one_shard_skips_the_step_on_every_rank():
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=100, env=env(), cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout) == [{"before": True, "after": False}, {"before": True, "after": False}]
+
+
+@pytest.mark.timeout(300)
+def test_a_sharded_checkpoint_resumes_on_four_processes(tmp_path):
+    """The distributed checkpoint reshards: 2 processes' shards continue at 4, the accumulation
+    halved (the same global batch), to the uninterrupted run's weights."""
+    path = config(tmp_path, "mlp")
+    out, again = tmp_path / "out", tmp_path / "again"
+    run(path, "cpu_fsdp.yaml")
+    shutil.copytree(out, again)
+    (again / "metrics.jsonl").unlink()
+    for later in again.glob("checkpoints/step-*"):
+        if later.name != f"step-{SAVED:07d}":
+            shutil.rmtree(later)
+    args = ["--config", str(path), "--device", "cpu", "--output-dir", str(again), "--resume", "latest"]
+    result = check(launch(args, 4, accelerate_config="cpu_fsdp.yaml"))
+    assert "this run has 4: training.gradient_accumulation_steps 2 -> 1" in result.stderr
+    assert "each of the 4 ranks holds a shard" in result.stderr
+    assert [r["world_size"] for r in records(again)] == [4] * len(records(again))
+    resumed, uninterrupted = final_weights(again), final_weights(out)
+    for role in EXPORTED:
+        for key, value in resumed[role].items():
+            torch.testing.assert_close(value, uninterrupted[role][key], rtol=1e-5, atol=1e-6, msg=f"{role}.{key}")

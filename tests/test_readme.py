@@ -36,6 +36,10 @@ COVERED = {
         "needs GPUs and nodes; scripts/fault_matrix.py (two_nodes_elastic_go_on, run by tests/test_faults.py) "
         "loses one of two simulated nodes under the same command on CPUs"
     ),
+    "accelerate launch --config_file accelerate_configs/8gpu_fsdp.yaml scripts/train_stage2.py "
+    "--config configs/training/text_stage2.yaml --device cuda": "needs GPUs; the cpu_fsdp.yaml rehearsal is run "
+    "below, and tests/test_fsdp.py trains the text recipe's models under it",
+    "python scripts/bench_fsdp.py": "a benchmark (11 minutes); tests/test_bench.py runs it at the tiny size",
     "bash scripts/check_floors.sh": "not in CI: it installs torch 2.6 (a 3 GB CUDA build); the README "
     "records its last result",
     'pip install -e ".[bench]"': ".ci/run installs the dev extra, which holds the bench extra's TRL",
@@ -121,6 +125,8 @@ RUN = {
     "--device cpu": RING_DEBUG,
     "accelerate launch --config_file accelerate_configs/8gpu.yaml --num_processes 2 --mixed_precision no "
     "scripts/train_stage2.py --config configs/training/ring.yaml --device cpu": RING_DEBUG,
+    "accelerate launch --config_file accelerate_configs/cpu_fsdp.yaml scripts/train_stage2.py "
+    "--config configs/training/ring.yaml --device cpu": RING_DEBUG,
 }
 
 

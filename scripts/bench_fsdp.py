@@ -1,0 +1,155 @@
+"""Per-rank memory of a GPT-2-small-shape pair under DDP and FSDP2, at 1, 2 and 4 CPU processes.
+
+    python scripts/bench_fsdp.py                      # GPT-2 small shape: 124M parameters a model
+    python scripts/bench_fsdp.py --size tiny --processes 1 2
+
+The run: the oracle_text recipe (the oracle's vocabulary of 50,256 tokens and the start token:
+GPT-2's 50,257), a generator and a discriminator of GPT-2 small's shape (12 blocks of width
+768; the discriminator a sequence classifier), fresh weights, Adam, fp32. After one whole
+optimizer step (so that Adam's moments exist), each rank takes the gradients of both models
+again (a discriminator phase, then a generator phase) and reports, before any optimizer step:
+its bytes of parameters, gradients and optimizer state (under FSDP2 its shards alone), and its
+peak resident memory (which counts start-up: each rank builds both models whole before
+accelerate shards them). One process is the same run under either config (nothing to shard).
+The rows give the largest rank's figures; the ratios are FSDP2's over DDP's at the same count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from harness.launch import launch_command, launch_env  # noqa: E402
+
+#: model shapes: GPT-2 small's, and a tiny one for a quick look (and the test)
+SIZES = {
+    "gpt2-small": {"vocab": 50256, "n_embd": 768, "n_layer": 12, "n_head": 12},
+    "tiny": {"vocab": 500, "n_embd": 64, "n_layer": 2, "n_head": 2},
+}
+CONFIGS = {"DDP": "8gpu.yaml", "FSDP2": "cpu_fsdp.yaml"}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bench_fsdp", description=__doc__.split("\n\n")[0])
+    p.add_argument("--size", choices=list(SIZES), default="gpt2-small")
+    p.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--worker", help=argparse.SUPPRESS)  # a launched rank: the run's config file
+    return p
+
+
+def write_run(directory: Path, size: str) -> Path:
+    """The run's config and its two model configs in ``directory``."""
+    shape = SIZES[size]
+    model = {"model_type": "gpt2", "vocab_size": shape["vocab"] + 1, "n_positions": 64}
+    model.update({key: shape[key] for key in ("n_embd", "n_layer", "n_head")})
+    model.update(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    (directory / "model.yaml").write_text(yaml.safe_dump(model))
+    config = {
+        "task": "oracle_text",
+        "output_dir": str(directory / "out"),
+        "model": {"generator_config": str(directory / "model.yaml"), "discriminator_config": "generator"},
+        "task_options": {"vocab_size": shape["vocab"], "seq_len": 8, "oracle_embed_dim": 8, "oracle_hidden_dim": 8},
+        "training": {"max_steps": 10, "batch_size": 2, "mixed_precision": "no", "log_with": ["none"], "seed": 0},
+        "eval": {"batch_size": 2},
+        "data": {"train_size": 16, "eval_size": 2, "cache_dir": str(directory / "cache")},
+    }
+    path = directory / "train.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def local_bytes(tensors: Any) -> int:
+    """Bytes of these tensors held by this rank (a DTensor's local shard)."""
+    from torch.distributed.tensor import DTensor
+
+    total = 0
+    for tensor in tensors:
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        total += local.numel() * local.element_size()
+    return total
+
+
+def worker(config: str) -> None:
+    """One rank: a whole step, then both models' gradients again; rank 0 prints every rank's figures."""
+    from trainer import collectives, world
+    from trainer.config import load_config
+    from trainer.loop import Trainer
+
+    trainer = Trainer(load_config(config), "cpu")
+    with trainer.start():
+        trainer.train_step()
+        trainer.compute_gradients(trainer.d, 0)
+        trainer.compute_gradients(trainer.g, 1)
+        phases = (trainer.d, trainer.g)
+        params = [p for phase in phases for p in phase.params]
+        states = [v for phase in phases for s in phase.optimizer.optimizer.state.values() for v in s.values()]
+        mine = {
+            "parameters": local_bytes(params),
+            "gradients": local_bytes(p.grad for p in params if p.grad is not None),
+            "optimizer": local_bytes(v for v in states if isinstance(v, torch.Tensor) and v.dim() > 0),
+            "peak_rss_mb": world.peak_memory_mb(trainer.accelerator.device),
+            "world_size": trainer.accelerator.num_processes,
+            "sharded": trainer.accelerator.is_fsdp2,
+        }
+        every = collectives.gather_objects(trainer.accelerator, [mine], "the bench's figures")
+        if trainer.accelerator.is_main_process:
+            print("FIGURES " + json.dumps(every), flush=True)
+
+
+def measure(size: str, kind: str, processes: int) -> dict[str, Any]:
+    """One launch: the largest rank's figures."""
+    with tempfile.TemporaryDirectory() as tmp:
+        config = write_run(Path(tmp), size)
+        args = ["--worker", str(config)]
+        cmd = launch_command(args, processes, script=Path(__file__), accelerate_config=CONFIGS[kind])
+        done = subprocess.run(cmd, capture_output=True, text=True, env=launch_env(), cwd=ROOT, timeout=1800)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("FIGURES ")]
+    if done.returncode or not lines:
+        failed = f"bench_fsdp: {kind} at {processes} process(es) failed (exit {done.returncode})"
+        sys.exit(f"{failed}:\n{done.stderr[-3000:]}")
+    ranks = json.loads(lines[0].removeprefix("FIGURES "))
+    assert all(r["world_size"] == processes for r in ranks), ranks
+    assert all(r["sharded"] == (kind == "FSDP2" and processes > 1) for r in ranks), ranks
+    figures = {key: max(r[key] for r in ranks) for key in ("parameters", "gradients", "optimizer", "peak_rss_mb")}
+    figures["model_state"] = figures["parameters"] + figures["gradients"] + figures["optimizer"]
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.worker:
+        worker(args.worker)
+        return 0
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    print(f"bench_fsdp: {args.size}, torch {torch.__version__}, per-rank figures (the largest rank), MB")
+    print("| processes | kind | parameters | gradients | optimizer | model state | ratio to DDP | peak RSS |")
+    print("|---|---|---|---|---|---|---|---|")
+    mb = 2**20
+    for processes in args.processes:
+        kinds = ["DDP"] if processes == 1 else list(CONFIGS)
+        rows = {kind: measure(args.size, kind, processes) for kind in kinds}
+        for kind, f in rows.items():
+            ratio = f["model_state"] / rows["DDP"]["model_state"]
+            print(
+                f"| {processes} | {'whole' if processes == 1 else kind} | {f['parameters'] / mb:.1f} | "
+                f"{f['gradients'] / mb:.1f} | {f['optimizer'] / mb:.1f} | {f['model_state'] / mb:.1f} | "
+                f"{ratio:.2f} | {f['peak_rss_mb']:.0f} |",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
