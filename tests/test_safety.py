@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from trainer.errors import CheckpointError
 from trainer.tasks.gaussian_mixture import mlp
+from trainer.watchdog import Heartbeat
 from trainer.weights import read_legacy_state_dict
 from trainer.world import shared_devices
 
@@ -186,3 +187,19 @@ def test_a_stall_inside_a_step_is_still_caught(tmp_path, processes):
     mine = [line for line in stalled if f"error (rank {last}): stalled for" in line]
     assert mine and "generator phase at step 1" in mine[0], result.stderr[-3000:]
     assert (tmp_path / "out" / f"stall-rank{last}.txt").is_file()
+
+
+def test_a_failure_inside_long_work_keeps_the_phase_it_failed_in():
+    """A failure's notice names the rank's phase when it failed (the peers print it): unwinding
+    a long-work block must not put back the phase from before it (a failure in the first step
+    was reported as one while forming the process group)."""
+    heartbeat = Heartbeat()
+    heartbeat.beat("forming the process group")
+    with pytest.raises(RuntimeError), heartbeat.long_work("first step"):
+        heartbeat.beat("generator phase")
+        raise RuntimeError("in the generator's average")
+    assert heartbeat.phase == "generator phase"
+    assert heartbeat.allowance == 1.0  # the bound is the short one again
+    with heartbeat.long_work("checkpoint write"):
+        heartbeat.beat("writing")
+    assert heartbeat.phase == "generator phase"  # a block that ends as planned puts it back

@@ -94,15 +94,18 @@ class Heartbeat:
     @contextlib.contextmanager
     def long_work(self, phase: str, factor: float = 10.0) -> Iterator[None]:
         """Work that may legitimately run longer than the bound without a beat (a big
-        checkpoint write, the first step): the bound is multiplied by ``factor`` meanwhile."""
+        checkpoint write, the first step): the bound is multiplied by ``factor`` meanwhile.
+        After a failure the phase stays the one it failed in: the failure's notice names it."""
         previous_phase, previous_allowance = self.phase, self.allowance
         self.beat(phase)
         self.allowance = factor
         try:
             yield
-        finally:
+        except BaseException:
             self.allowance = previous_allowance
-            self.beat(previous_phase)
+            raise
+        self.allowance = previous_allowance
+        self.beat(previous_phase)
 
 
 HEARTBEAT = Heartbeat()
