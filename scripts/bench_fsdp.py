@@ -12,6 +12,13 @@ its bytes of parameters, gradients and optimizer state (under FSDP2 its shards a
 peak resident memory (which counts start-up: each rank builds both models whole before
 accelerate shards them). One process is the same run under either config (nothing to shard).
 The rows give the largest rank's figures; the ratios are FSDP2's over DDP's at the same count.
+
+``--sampling``: instead, at each count of two or more, the generator's sampling under FSDP2 (the
+recipe's ``generate``: 16 sequences of ``--sampling-tokens`` new tokens) two ways, alternated
+over ``--rounds``: each forward all-gathering its groups (how the trainer samples), and every
+group gathered once for the whole generation (torch's ``unshard``, no reshard after a forward):
+sequences/s, the median over the rounds and their range. Gathered once, each rank holds the whole
+generator while it samples.
 """
 
 from __future__ import annotations
@@ -45,11 +52,15 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench_fsdp", description=__doc__.split("\n\n")[0])
     p.add_argument("--size", choices=list(SIZES), default="gpt2-small")
     p.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--sampling", action="store_true", help="time sampling under FSDP2 two ways")
+    p.add_argument("--sampling-tokens", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--worker", help=argparse.SUPPRESS)  # a launched rank: the run's config file
+    p.add_argument("--worker-part", choices=("memory", "sampling"), default="memory", help=argparse.SUPPRESS)
     return p
 
 
-def write_run(directory: Path, size: str) -> Path:
+def write_run(directory: Path, size: str, tokens: int = 8) -> Path:
     """The run's config and its two model configs in ``directory``."""
     shape = SIZES[size]
     model = {"model_type": "gpt2", "vocab_size": shape["vocab"] + 1, "n_positions": 64}
@@ -60,7 +71,12 @@ def write_run(directory: Path, size: str) -> Path:
         "task": "oracle_text",
         "output_dir": str(directory / "out"),
         "model": {"generator_config": str(directory / "model.yaml"), "discriminator_config": "generator"},
-        "task_options": {"vocab_size": shape["vocab"], "seq_len": 8, "oracle_embed_dim": 8, "oracle_hidden_dim": 8},
+        "task_options": {
+            "vocab_size": shape["vocab"],
+            "seq_len": tokens,
+            "oracle_embed_dim": 8,
+            "oracle_hidden_dim": 8,
+        },
         "training": {"max_steps": 10, "batch_size": 2, "mixed_precision": "no", "log_with": ["none"], "seed": 0},
         "eval": {"batch_size": 2},
         "data": {"train_size": 16, "eval_size": 2, "cache_dir": str(directory / "cache")},
@@ -81,7 +97,7 @@ def local_bytes(tensors: Any) -> int:
     return total
 
 
-def worker(config: str) -> None:
+def worker(config: str) -> None:  # the memory part
     """One rank: a whole step, then both models' gradients again; rank 0 prints every rank's figures."""
     from trainer import collectives, world
     from trainer.config import load_config
@@ -108,18 +124,66 @@ def worker(config: str) -> None:
             print("FIGURES " + json.dumps(every), flush=True)
 
 
-def measure(size: str, kind: str, processes: int) -> dict[str, Any]:
-    """One launch: the largest rank's figures."""
+def sampling_worker(config: str, rounds: int) -> None:
+    """One rank: the generator's sampling both ways, alternated; rank 0 prints sequences/s."""
+    import statistics
+    import time
+
+    from torch.distributed.fsdp import FSDPModule
+
+    from trainer import sharding
+    from trainer.config import load_config
+    from trainer.loop import Trainer
+
+    trainer = Trainer(load_config(config), "cpu")
+    with trainer.start():
+        generator, task = trainer.g.model, trainer.task
+        groups = [m for m in generator.modules() if isinstance(m, FSDPModule)]
+        rng = torch.Generator().manual_seed(0)
+
+        def per_forward() -> None:
+            task.generate(generator, 16, rng)
+
+        def gathered_once() -> None:
+            for group in groups:
+                group.set_reshard_after_forward(False, recurse=False)
+                group.unshard()
+            task.generate(generator, 16, rng)
+            for group in groups:
+                group.set_reshard_after_forward(True, recurse=False)
+            sharding.reshard(generator)
+
+        seconds: dict[str, list[float]] = {"per forward": [], "gathered once": []}
+        per_forward()  # the first round builds caches
+        for _ in range(rounds):
+            for name, sample in (("per forward", per_forward), ("gathered once", gathered_once)):
+                began = time.perf_counter()
+                with torch.no_grad():
+                    sample()
+                seconds[name].append(time.perf_counter() - began)
+        if trainer.accelerator.is_main_process:
+            rates = {name: sorted(16 / s for s in times) for name, times in seconds.items()}
+            figures = {name: [statistics.median(r), r[0], r[-1]] for name, r in rates.items()}
+            print("FIGURES " + json.dumps({"groups": len(groups), **figures}), flush=True)
+
+
+def launch_worker(size: str, kind: str, processes: int, part: str, *extra: str, tokens: int = 8) -> str:
+    """One launch of a worker part; the JSON its rank 0 printed."""
     with tempfile.TemporaryDirectory() as tmp:
-        config = write_run(Path(tmp), size)
-        args = ["--worker", str(config)]
+        config = write_run(Path(tmp), size, tokens)
+        args = ["--worker", str(config), "--worker-part", part, *extra]
         cmd = launch_command(args, processes, script=Path(__file__), accelerate_config=CONFIGS[kind])
         done = subprocess.run(cmd, capture_output=True, text=True, env=launch_env(), cwd=ROOT, timeout=1800)
     lines = [line for line in done.stdout.splitlines() if line.startswith("FIGURES ")]
     if done.returncode or not lines:
-        failed = f"bench_fsdp: {kind} at {processes} process(es) failed (exit {done.returncode})"
+        failed = f"bench_fsdp: {kind} {part} at {processes} process(es) failed (exit {done.returncode})"
         sys.exit(f"{failed}:\n{done.stderr[-3000:]}")
-    ranks = json.loads(lines[0].removeprefix("FIGURES "))
+    return lines[0].removeprefix("FIGURES ")
+
+
+def measure(size: str, kind: str, processes: int) -> dict[str, Any]:
+    """One launch of the memory part: the largest rank's figures."""
+    ranks = json.loads(launch_worker(size, kind, processes, "memory"))
     assert all(r["world_size"] == processes for r in ranks), ranks
     assert all(r["sharded"] == (kind == "FSDP2" and processes > 1) for r in ranks), ranks
     figures = {key: max(r[key] for r in ranks) for key in ("parameters", "gradients", "optimizer", "peak_rss_mb")}
@@ -127,12 +191,7 @@ def measure(size: str, kind: str, processes: int) -> dict[str, Any]:
     return figures
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    if args.worker:
-        worker(args.worker)
-        return 0
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+def memory_table(args: argparse.Namespace) -> None:
     print(f"bench_fsdp: {args.size}, torch {torch.__version__}, per-rank figures (the largest rank), MB")
     print("| processes | kind | parameters | gradients | optimizer | model state | ratio to DDP | peak RSS |")
     print("|---|---|---|---|---|---|---|---|")
@@ -148,6 +207,33 @@ def main(argv: list[str] | None = None) -> int:
                 f"{ratio:.2f} | {f['peak_rss_mb']:.0f} |",
                 flush=True,
             )
+
+
+def sampling_table(args: argparse.Namespace) -> None:
+    print(f"bench_fsdp --sampling: {args.size}, 16 sequences of {args.sampling_tokens} tokens, {args.rounds} rounds")
+    print("| processes | groups | per forward, sequences/s | gathered once, sequences/s | ratio |")
+    print("|---|---|---|---|---|")
+    for processes in (p for p in args.processes if p > 1):
+        extra = ("--rounds", str(args.rounds))
+        f = json.loads(launch_worker(args.size, "FSDP2", processes, "sampling", *extra, tokens=args.sampling_tokens))
+        each, once = f["per forward"], f["gathered once"]
+        print(
+            f"| {processes} | {f['groups']} | {each[0]:.2f} [{each[1]:.2f}-{each[2]:.2f}] | "
+            f"{once[0]:.2f} [{once[1]:.2f}-{once[2]:.2f}] | {once[0] / each[0]:.2f} |",
+            flush=True,
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.worker:
+        if args.worker_part == "sampling":
+            sampling_worker(args.worker, args.rounds)
+        else:
+            worker(args.worker)
+        return 0
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sampling_table(args) if args.sampling else memory_table(args)
     return 0
 
 

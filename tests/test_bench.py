@@ -51,6 +51,20 @@ def test_bench_fsdp_counts_each_rank_s_shards():
     assert all(f[5] > 100 for f in figures.values())  # the peak resident sets: each launch's own
 
 
+@pytest.mark.timeout(300)
+def test_bench_fsdp_times_sampling_both_ways():
+    command = [sys.executable, str(ROOT / "scripts" / "bench_fsdp.py"), "--size", "tiny", "--sampling"]
+    command += ["--processes", "2", "--rounds", "1", "--sampling-tokens", "8"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    row = re.search(
+        r"^\| 2 \| (\d+) \| ([\d.]+) \[[\d.-]+\] \| ([\d.]+) \[[\d.-]+\] \| ([\d.]+) \|$", done.stdout, re.M
+    )
+    assert row, done.stdout
+    groups, each, once, ratio = int(row[1]), *map(float, row.groups()[1:])
+    assert groups == 6 and each > 0 and once > 0 and ratio == pytest.approx(once / each, abs=0.01)
+
+
 @pytest.mark.timeout(600)
 def test_the_gpu_check_runs_its_parts_on_the_cpu(tmp_path):
     # every part of scripts/gpu_check.sh on the CPU over gloo, a few steps each; on a GPU the
