@@ -74,6 +74,8 @@ def describe(accelerator: Accelerator, models: dict[str, nn.Module]) -> str:
         f"the {role} in {sum(isinstance(m, FSDPModule) for m in model.modules())} group(s)"
         for role, model in models.items()
     )
+    if accelerator.num_processes == 1:
+        return f"FSDP2: {groups}; a world of one process, whose shards are whole"
     return f"FSDP2: {groups}; each of the {accelerator.num_processes} ranks holds a shard of every parameter"
 
 
