@@ -12,6 +12,8 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from torch.distributed.checkpoint import CheckpointException
+
 from trainer.errors import UserError
 
 #: below this many bytes free after a failed write, the write is taken to have filled the disk
@@ -39,13 +41,20 @@ def free_mb(path: Path) -> float:
 
 
 def os_errors(exc: BaseException) -> Iterator[OSError]:
-    """The OSErrors with an errno among ``exc`` and the exceptions it was raised from."""
+    """The OSErrors with an errno among ``exc``, the exceptions it was raised from, and each
+    rank's error a distributed checkpoint (FSDP2's) gathered into its CheckpointException."""
     seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
+    pending = [exc]
+    while pending:
+        exc = pending.pop(0)
+        if exc is None or id(exc) in seen:
+            continue
         seen.add(id(exc))
         if isinstance(exc, OSError) and exc.errno is not None:
             yield exc
-        exc = exc.__cause__ or exc.__context__
+        if isinstance(exc, CheckpointException):
+            pending.extend(failure for failure, _ in exc.failures.values())
+        pending.append(exc.__cause__ or exc.__context__)
 
 
 def fault(exc: BaseException, path: Path, root: Path) -> str | None:
@@ -89,7 +98,7 @@ def writing(path: Path, root: Path, kept: Callable[[], str]) -> Iterator[None]:
         yield
     except UserError:
         raise
-    except Exception as exc:
+    except (Exception, CheckpointException) as exc:  # torch's distributed checkpoint raises a BaseException
         what = fault(exc, path, root)
         if what is None:
             raise

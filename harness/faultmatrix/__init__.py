@@ -55,7 +55,10 @@ NODE_SCENARIOS = tuple(name for name in SCENARIOS if name.startswith("two_nodes"
 
 
 #: the scenarios that also run with both models sharded (FSDP2, ``accelerate_configs/cpu_fsdp.yaml``)
-FSDP_SCENARIOS = ("kill_one_rank", "freeze_one_rank", "nan_on_one_rank", "error_on_main_process", "terminate_one_rank")
+FSDP_SCENARIOS = (
+    *("kill_one_rank", "freeze_one_rank", "nan_on_one_rank", "error_on_main_process", "terminate_one_rank"),
+    *("disk_full_at_first_checkpoint", "disk_too_full_for_next_checkpoint", "output_read_only", "output_removed"),
+)
 
 
 def run_scenario(name: str, processes: int, work: Path | None = None, accelerate_config: str = "8gpu.yaml") -> Outcome:
