@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from accelerate import Accelerator
 from safetensors.torch import save_file
@@ -18,20 +19,18 @@ from trainer.weights import WEIGHTS_NAME
 def export_model(
     accelerator: Accelerator,
     model: nn.Module,
+    state: dict[str, Any],
     directory: Path,
     extras: Callable[[Path], None] | None = None,
     merge_adapter: bool = True,
 ) -> None:
-    """Write ``model``'s weights (safetensors) to ``directory``, replacing it as a whole;
-    ``extras`` writes more files into it first (on the main process).
+    """Write ``model``'s weights (safetensors), ``state`` (``accelerator.get_state_dict``, which
+    every rank calls: gathering a sharded state dict is a collective), to ``directory``, replacing
+    it as a whole; ``extras`` writes more files into it first. On the main process.
 
     A transformers model is written with ``save_pretrained`` so ``from_pretrained`` loads it;
     one with an adapter as :func:`trainer.adapters.adapted_exports` says (``merge_adapter``).
-    Called on every rank: gathering a sharded state dict is a collective.
     """
-    state = accelerator.get_state_dict(model)
-    if not accelerator.is_main_process:
-        return
     unwrapped = accelerator.unwrap_model(model)
 
     def weights(path: Path) -> None:

@@ -181,19 +181,19 @@ class RunOutputs:
         models = {"generator": self.g.model, "discriminator": self.d.model}
         if self.ema is not None:
             models.update(generator=self.ema.model, generator_raw=self.g.model)
-        # The other ranks wait here for the main process's writes, with the long-work bound.
+        # The other ranks wait for the main process's writes, with the long-work bound.
         with HEARTBEAT.long_work(f"writing {name}/ (main process)"):
             for directory, model in models.items():
-                extras = functools.partial(self.task.save_with, directory.removesuffix("_raw"))
-                with checkpoint.writing(self.output_dir / name / directory, self.output_dir):
-                    exports.export_model(
-                        self.accelerator,
-                        model,
-                        self.output_dir / name / directory,
-                        extras,
-                        self.config.model.peft_merge_on_export,
-                    )
-            collectives.barrier(self.accelerator, f"after writing {name}/")
+                state = self.accelerator.get_state_dict(model)  # every rank: a collective under FSDP2
+                write = functools.partial(self._write_export, model, state, self.output_dir / name / directory)
+                # agreed: a full disk on the main process stops every rank here, before the next
+                # model's state is gathered
+                collectives.on_main_process(self.accelerator, f"writing {name}/{directory}", write)
+
+    def _write_export(self, model: torch.nn.Module, state: dict[str, Any], target: Path) -> None:
+        extras = functools.partial(self.task.save_with, target.name.removesuffix("_raw"))
+        with checkpoint.writing(target, self.output_dir):
+            exports.export_model(self.accelerator, model, state, target, extras, self.config.model.peft_merge_on_export)
 
     @watched
     def save(self) -> None:
