@@ -217,7 +217,7 @@ def test_a_placed_reference_keeps_its_forward_signature():
     model = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=20))
     expected = inspect.signature(model.forward)
     try:
-        placed = place_frozen(Accelerator(cpu=True), model)
+        placed = place_frozen(Accelerator(cpu=True), [], model)
     finally:
         release_accelerator()
     assert inspect.signature(placed.forward) == expected

@@ -171,7 +171,8 @@ class Trainer:
             raise error
         sharding.check_config(acc, cfg, self.run.source)
         set_seed(t.seed)
-        task.prepare_frozen = functools.partial(run_parts.place_frozen, acc)
+        frozen_to_shard: list[torch.nn.Module] = []  # under FSDP2 (see place_frozen)
+        task.prepare_frozen = functools.partial(run_parts.place_frozen, acc, frozen_to_shard)
         adapters.checkpoint_adapters_only(acc)
         resume_from = run_parts.find_checkpoint(acc, self.resume, self.output_dir) if self.resume else None
         if resume_from is not None:  # on another number of processes, another accumulation
@@ -194,6 +195,8 @@ class Trainer:
             logger.info(sharding.describe(acc, {"generator": generator.model, "discriminator": discriminator.model}))
             if self.ema is not None:  # kept per shard, as the generator
                 self.ema.shard(acc)
+            for model in frozen_to_shard:  # a task's reference: sharded in place, as the generator
+                sharding.shard_like_prepared(acc, model)
         # seeded again before each micro-batch (see compute_gradients)
         self.noise = torch.Generator(device=acc.device)
         self.d, self.g = build_phases(task, cfg, acc, self.noise, self.ema, generator, discriminator)

@@ -133,14 +133,16 @@ def set_modes(generator: nn.Module, discriminator: nn.Module, training: Training
             module.attention_dropout = 0.0
 
 
-def place_frozen(accelerator: Accelerator, model: nn.Module) -> nn.Module:
+def place_frozen(accelerator: Accelerator, to_shard: list[nn.Module], model: nn.Module) -> nn.Module:
     """A frozen model a task builds itself (a reference generator) placed as the trained ones
     are: on the device, its forward (generation included) under the run's autocast. Not
     accelerate's prepare_model: it registers the model, and every checkpoint would then hold
-    a copy of weights that do not change. Under FSDP2 it is sharded as the generator is (its
-    forwards then all-gather, run by every rank where the generator's are)."""
+    a copy of weights that do not change. Under FSDP2 it is left whole and added to
+    ``to_shard``: the task reads it while the main process reads first, and sharding it may
+    communicate, so every rank shards it with the trained models (in place)."""
     if sharding.is_sharded(accelerator):
-        return sharding.shard_like_prepared(accelerator, model)
+        to_shard.append(model)
+        return model
     model = model.to(accelerator.device)
     forward = model.forward
 
