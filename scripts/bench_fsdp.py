@@ -14,11 +14,12 @@ accelerate shards them). One process is the same run under either config (nothin
 The rows give the largest rank's figures; the ratios are FSDP2's over DDP's at the same count.
 
 ``--sampling``: instead, at each count of two or more, the generator's sampling under FSDP2 (the
-recipe's ``generate``: 16 sequences of ``--sampling-tokens`` new tokens) two ways, alternated
-over ``--rounds``: each forward all-gathering its groups (how the trainer samples), and every
-group gathered once for the whole generation (torch's ``unshard``, no reshard after a forward):
-sequences/s, the median over the rounds and their range. Gathered once, each rank holds the whole
-generator while it samples.
+recipe's ``generate``: 16 sequences of ``--sampling-tokens`` new tokens) two ways, each in a
+launch of its own (gathering once changes the groups' resharding, which torch cannot read back
+to restore): each forward all-gathering its groups (how the trainer samples), and every group
+gathered once for the whole generation (torch's ``unshard``, no reshard after a forward), each
+``--rounds`` times after a first untimed one: sequences/s, the median over the rounds and their
+range. Gathered once, each rank holds the whole generator while it samples.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -56,7 +58,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sampling-tokens", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--worker", help=argparse.SUPPRESS)  # a launched rank: the run's config file
-    p.add_argument("--worker-part", choices=("memory", "sampling"), default="memory", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--worker-part", choices=("memory", "per forward", "gathered once"), default="memory", help=argparse.SUPPRESS
+    )
     return p
 
 
@@ -124,9 +128,9 @@ def worker(config: str) -> None:  # the memory part
             print("FIGURES " + json.dumps(every), flush=True)
 
 
-def sampling_worker(config: str, rounds: int) -> None:
-    """One rank: the generator's sampling both ways, alternated; rank 0 prints sequences/s."""
-    import statistics
+def sampling_worker(config: str, rounds: int, way: str) -> None:
+    """One rank: the generator's sampling ``way`` (per forward, gathered once); rank 0 prints
+    sequences/s."""
     import time
 
     from torch.distributed.fsdp import FSDPModule
@@ -146,25 +150,24 @@ def sampling_worker(config: str, rounds: int) -> None:
 
         def gathered_once() -> None:
             for group in groups:
-                group.set_reshard_after_forward(False, recurse=False)
                 group.unshard()
             task.generate(generator, 16, rng)
-            for group in groups:
-                group.set_reshard_after_forward(True, recurse=False)
             sharding.reshard(generator)
 
-        seconds: dict[str, list[float]] = {"per forward": [], "gathered once": []}
-        per_forward()  # the first round builds caches
-        for _ in range(rounds):
-            for name, sample in (("per forward", per_forward), ("gathered once", gathered_once)):
-                began = time.perf_counter()
-                with torch.no_grad():
-                    sample()
-                seconds[name].append(time.perf_counter() - began)
+        if way == "gathered once":
+            for group in groups:  # for the rest of this process: explicit gathers stay
+                group.set_reshard_after_forward(False, recurse=False)
+        sample = gathered_once if way == "gathered once" else per_forward
+        seconds = []
+        for round_ in range(rounds + 1):  # the first round builds caches
+            began = time.perf_counter()
+            with torch.no_grad():
+                sample()
+            if round_:
+                seconds.append(time.perf_counter() - began)
         if trainer.accelerator.is_main_process:
-            rates = {name: sorted(16 / s for s in times) for name, times in seconds.items()}
-            figures = {name: [statistics.median(r), r[0], r[-1]] for name, r in rates.items()}
-            print("FIGURES " + json.dumps({"groups": len(groups), **figures}), flush=True)
+            rates = sorted(16 / s for s in seconds)
+            print("FIGURES " + json.dumps({"groups": len(groups), "rates": rates}), flush=True)
 
 
 def launch_worker(size: str, kind: str, processes: int, part: str, *extra: str, tokens: int = 8) -> str:
@@ -214,9 +217,14 @@ def sampling_table(args: argparse.Namespace) -> None:
     print("| processes | groups | per forward, sequences/s | gathered once, sequences/s | ratio |")
     print("|---|---|---|---|---|")
     for processes in (p for p in args.processes if p > 1):
-        extra = ("--rounds", str(args.rounds))
-        f = json.loads(launch_worker(args.size, "FSDP2", processes, "sampling", *extra, tokens=args.sampling_tokens))
-        each, once = f["per forward"], f["gathered once"]
+        ways = {}
+        for way in ("per forward", "gathered once"):
+            extra = ("--rounds", str(args.rounds))
+            ways[way] = json.loads(
+                launch_worker(args.size, "FSDP2", processes, way, *extra, tokens=args.sampling_tokens)
+            )
+        each, once = ([statistics.median(w["rates"]), w["rates"][0], w["rates"][-1]] for w in ways.values())
+        f = ways["per forward"]
         print(
             f"| {processes} | {f['groups']} | {each[0]:.2f} [{each[1]:.2f}-{each[2]:.2f}] | "
             f"{once[0]:.2f} [{once[1]:.2f}-{once[2]:.2f}] | {once[0] / each[0]:.2f} |",
@@ -227,8 +235,8 @@ def sampling_table(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.worker:
-        if args.worker_part == "sampling":
-            sampling_worker(args.worker, args.rounds)
+        if args.worker_part != "memory":
+            sampling_worker(args.worker, args.rounds, args.worker_part)
         else:
             worker(args.worker)
         return 0
