@@ -344,9 +344,11 @@ def save_checkpoint(
         shutil.rmtree(partial, ignore_errors=True)
         check_space(output_dir)
 
+    sharded = sharding.is_sharded(accelerator)
+
     def write() -> None:  # every rank its part
         with writing(partial, output_dir), without_shared_tensor_notice(), sharding.without_fsdp_notices():
-            if sharding.is_sharded(accelerator):
+            if sharded:
                 # Before accelerate's state, whose sharded writes come first too: the distributed
                 # checkpoint's collectives carry a failure on one rank to all of them, and only
                 # writes of each rank's own files, which cannot leave a rank waiting, follow them.
@@ -354,7 +356,7 @@ def save_checkpoint(
                     sharding.save_module(accelerator, module, partial, name)
             accelerator.save_state(str(partial))
             if accelerator.is_main_process:
-                if not sharding.is_sharded(accelerator):
+                if not sharded:
                     for name, module in modules.items():
                         save_model(module, str(partial / f"{name}.safetensors"))
                 state = {"format": RECORD_FORMAT, **record, "shape": shape}

@@ -101,11 +101,9 @@ class Heartbeat:
         self.allowance = factor
         try:
             yield
-        except BaseException:
+        finally:
             self.allowance = previous_allowance
-            raise
-        self.allowance = previous_allowance
-        self.beat(previous_phase)
+        self.beat(previous_phase)  # not reached after a failure
 
 
 HEARTBEAT = Heartbeat()

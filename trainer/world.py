@@ -24,6 +24,7 @@ from accelerate.utils import (
     FullyShardedDataParallelPlugin,
     GradientAccumulationPlugin,
     ProjectConfiguration,
+    parse_flag_from_env,
 )
 
 from trainer import collectives
@@ -81,9 +82,9 @@ def make_accelerator(cfg: Config, cpu: bool, project_dir: str | None, log_with: 
     )
 
 
-#: the distributed type accelerate gave this process before :func:`shard_on_cpu` made it FSDP
-#: (given back when the run's state is reset), or None
-CPU_TYPE_BEFORE_FSDP: DistributedType | None = None
+#: whether :func:`shard_on_cpu` made this process's MULTI_CPU type FSDP (given back when the
+#: run's state is reset)
+MADE_CPU_WORLD_FSDP = False
 
 
 def shard_on_cpu(accelerator: Accelerator) -> None:
@@ -96,13 +97,13 @@ def shard_on_cpu(accelerator: Accelerator) -> None:
     tests run it). AcceleratorState takes PartialState's type each time it is built (prepare
     builds it), so both are set, as accelerate sets both itself.
     """
-    global CPU_TYPE_BEFORE_FSDP
+    global MADE_CPU_WORLD_FSDP
     if not launcher_asks("FSDP") or accelerator.distributed_type != DistributedType.MULTI_CPU:
         return
     plugin = FullyShardedDataParallelPlugin()  # from the launcher's FSDP_* variables
     if accelerator.mixed_precision != "no":
         plugin.set_mixed_precision(accelerator.mixed_precision)
-    CPU_TYPE_BEFORE_FSDP = accelerator.distributed_type
+    MADE_CPU_WORLD_FSDP = True
     accelerator.state.fsdp_plugin = plugin
     accelerator.state.distributed_type = DistributedType.FSDP
     PartialState._shared_state["distributed_type"] = DistributedType.FSDP
@@ -123,10 +124,10 @@ def reset_accelerate_state(partial: bool) -> None:
     this; its private ``_reset_state`` is called here alone, and tests/test_api.py fails loudly
     if an upgrade changes it. A type :func:`shard_on_cpu` set is given back first: the process
     state outlives the run when its process group does."""
-    global CPU_TYPE_BEFORE_FSDP
-    if CPU_TYPE_BEFORE_FSDP is not None and "distributed_type" in PartialState._shared_state:
-        PartialState._shared_state["distributed_type"] = CPU_TYPE_BEFORE_FSDP
-    CPU_TYPE_BEFORE_FSDP = None
+    global MADE_CPU_WORLD_FSDP
+    if MADE_CPU_WORLD_FSDP and "distributed_type" in PartialState._shared_state:
+        PartialState._shared_state["distributed_type"] = DistributedType.MULTI_CPU
+    MADE_CPU_WORLD_FSDP = False
     AcceleratorState._reset_state(reset_partial_state=partial)
     GradientState._reset_state()
 
@@ -206,7 +207,7 @@ def check_requested_type() -> None:
 
 def launcher_asks(kind: str) -> bool:
     """Whether ``accelerate launch`` asked for ``kind`` (FSDP, DEEPSPEED, MEGATRON_LM)."""
-    return os.environ.get(f"ACCELERATE_USE_{kind}", "false").lower() == "true"
+    return parse_flag_from_env(f"ACCELERATE_USE_{kind}")
 
 
 def unsupported_type(name: str, rank: str) -> UserError:
