@@ -20,6 +20,11 @@ to restore): each forward all-gathering its groups (how the trainer samples), an
 gathered once for the whole generation (torch's ``unshard``, no reshard after a forward), each
 ``--rounds`` times after a first untimed one: sequences/s, the median over the rounds and their
 range. Gathered once, each rank holds the whole generator while it samples.
+
+``--loading``: instead, at each count of two or more, each rank's peak resident memory once the
+run has started (the models read, sharded, prepared; no step yet), both models read from one
+``save_pretrained`` directory (``init.*``), three ways: DDP, FSDP2, and FSDP2 with accelerate's
+``fsdp_cpu_ram_efficient_loading`` (rank 0's weights broadcast to the others' shards).
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ SIZES = {
     "tiny": {"vocab": 500, "n_embd": 64, "n_layer": 2, "n_head": 2},
 }
 CONFIGS = {"DDP": "8gpu.yaml", "FSDP2": "cpu_fsdp.yaml"}
+#: the third way of --loading: cpu_fsdp.yaml with rank 0 alone loading (written for the launch)
+RANK0_LOADING = "FSDP2 rank-0 loading"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -57,15 +64,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sampling", action="store_true", help="time sampling under FSDP2 two ways")
     p.add_argument("--sampling-tokens", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--loading", action="store_true", help="peak memory at start-up, models read from a directory")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # a launched rank: the run's config file
     p.add_argument(
-        "--worker-part", choices=("memory", "per forward", "gathered once"), default="memory", help=argparse.SUPPRESS
+        "--worker-part", choices=("memory", "loading", "per forward", "gathered once"), default="memory", help=argparse.SUPPRESS
     )
     return p
 
 
-def write_run(directory: Path, size: str, tokens: int = 8) -> Path:
-    """The run's config and its two model configs in ``directory``."""
+def write_run(directory: Path, size: str, tokens: int = 8, pretrained: bool = False) -> Path:
+    """The run's config and its two model configs in ``directory``; ``pretrained``: both models
+    read from a ``save_pretrained`` directory written there (the discriminator's head new)."""
     shape = SIZES[size]
     model = {"model_type": "gpt2", "vocab_size": shape["vocab"] + 1, "n_positions": 64}
     model.update({key: shape[key] for key in ("n_embd", "n_layer", "n_head")})
@@ -85,6 +94,13 @@ def write_run(directory: Path, size: str, tokens: int = 8) -> Path:
         "eval": {"batch_size": 2},
         "data": {"train_size": 16, "eval_size": 2, "cache_dir": str(directory / "cache")},
     }
+    if pretrained:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        saved = directory / "pretrained"
+        start = {"bos_token_id": shape["vocab"], "eos_token_id": shape["vocab"]}  # the oracle's start token
+        AutoModelForCausalLM.from_config(AutoConfig.for_model(**model, **start)).save_pretrained(saved)
+        config["init"] = {"generator": str(saved), "discriminator": str(saved)}
     path = directory / "train.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -101,14 +117,21 @@ def local_bytes(tensors: Any) -> int:
     return total
 
 
-def worker(config: str) -> None:  # the memory part
-    """One rank: a whole step, then both models' gradients again; rank 0 prints every rank's figures."""
+def worker(config: str, part: str) -> None:  # the memory and loading parts
+    """One rank: (memory) a whole step, then both models' gradients again, or (loading) nothing
+    once started; rank 0 prints every rank's figures."""
     from trainer import collectives, world
     from trainer.config import load_config
     from trainer.loop import Trainer
 
     trainer = Trainer(load_config(config), "cpu")
     with trainer.start():
+        if part == "loading":
+            mine = {"peak_rss_mb": world.peak_memory_mb(trainer.accelerator.device)}
+            every = collectives.gather_objects(trainer.accelerator, [mine], "the bench's figures")
+            if trainer.accelerator.is_main_process:
+                print("FIGURES " + json.dumps(every), flush=True)
+            return
         trainer.train_step()
         trainer.compute_gradients(trainer.d, 0)
         trainer.compute_gradients(trainer.g, 1)
@@ -173,9 +196,15 @@ def sampling_worker(config: str, rounds: int, way: str) -> None:
 def launch_worker(size: str, kind: str, processes: int, part: str, *extra: str, tokens: int = 8) -> str:
     """One launch of a worker part; the JSON its rank 0 printed."""
     with tempfile.TemporaryDirectory() as tmp:
-        config = write_run(Path(tmp), size, tokens)
+        config = write_run(Path(tmp), size, tokens, pretrained=part == "loading")
+        accelerate_config = CONFIGS.get(kind, CONFIGS["FSDP2"])
+        if kind == RANK0_LOADING:
+            shipped = (ROOT / "accelerate_configs" / accelerate_config).read_text()
+            accelerate_config = str(Path(tmp) / "rank0_loading.yaml")
+            efficient = shipped.replace("cpu_ram_efficient_loading: false", "cpu_ram_efficient_loading: true")
+            Path(accelerate_config).write_text(efficient)
         args = ["--worker", str(config), "--worker-part", part, *extra]
-        cmd = launch_command(args, processes, script=Path(__file__), accelerate_config=CONFIGS[kind])
+        cmd = launch_command(args, processes, script=Path(__file__), accelerate_config=accelerate_config)
         done = subprocess.run(cmd, capture_output=True, text=True, env=launch_env(), cwd=ROOT, timeout=1800)
     lines = [line for line in done.stdout.splitlines() if line.startswith("FIGURES ")]
     if done.returncode or not lines:
@@ -232,16 +261,28 @@ def sampling_table(args: argparse.Namespace) -> None:
         )
 
 
+def loading_table(args: argparse.Namespace) -> None:
+    print(f"bench_fsdp --loading: {args.size}, both models from one save_pretrained directory, peak RSS MB")
+    print("| processes | kind | rank 0 | other ranks (the largest) |")
+    print("|---|---|---|---|")
+    for processes in (p for p in args.processes if p > 1):
+        for kind in (*CONFIGS, RANK0_LOADING):
+            ranks = [r["peak_rss_mb"] for r in json.loads(launch_worker(args.size, kind, processes, "loading"))]
+            assert len(ranks) == processes, ranks
+            print(f"| {processes} | {kind} | {ranks[0]:.0f} | {max(ranks[1:]):.0f} |", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.worker:
-        if args.worker_part != "memory":
-            sampling_worker(args.worker, args.rounds, args.worker_part)
+        if args.worker_part in ("memory", "loading"):
+            worker(args.worker, args.worker_part)
         else:
-            worker(args.worker)
+            sampling_worker(args.worker, args.rounds, args.worker_part)
         return 0
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sampling_table(args) if args.sampling else memory_table(args)
+    table = sampling_table if args.sampling else loading_table if args.loading else memory_table
+    table(args)
     return 0
 
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 from helpers import ROOT, check, env, launch, pacgan_models, records, write_run
 from safetensors.torch import load_file
-from test_oracle_text import write_oracle_run
-from test_text import write_text_run
-from transformers import AutoModelForCausalLM
+from test_oracle_text import TINY_MODEL, write_oracle_run
+from test_text import generates, write_text_run
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from trainer.text_example import write_text_example
 
@@ -111,6 +111,30 @@ def test_fsdp2_of_two_gpt2_models_is_the_ddp_run(tmp_path):
 
 
 @pytest.mark.timeout(300)
+def test_the_gpu_config_rehearsed_on_cpu_is_the_ddp_run_in_bf16(tmp_path):
+    """8gpu_fsdp.yaml as shipped at 2 CPU processes: its bf16 (the launcher's, as the run says),
+    and both models read from a save_pretrained directory by rank 0 alone (its weights broadcast
+    to the others' shards), give the bf16 DDP run's losses to bf16's rounding."""
+    pretrained = tmp_path / "pretrained"
+    AutoModelForCausalLM.from_config(AutoConfig.for_model(**TINY_MODEL)).save_pretrained(pretrained)
+    init = {"init": {"generator": str(pretrained), "discriminator": str(pretrained)}}
+    path = write_oracle_run(tmp_path, {**init, "training": {"mixed_precision": "", "ema_decay": 0.5}})
+    outputs = {name: tmp_path / name for name in ("8gpu.yaml", "8gpu_fsdp.yaml")}
+    for name, out in outputs.items():
+        args = ["--config", str(path), "--device", "cpu", "--output-dir", str(out)]
+        result = check(launch(args, 2, accelerate_config=name, precision=None))
+        assert "precision: bf16 autocast, mixed_precision bf16 from the launcher" in result.stderr
+    assert "FSDP2: the generator in 5 group(s), the discriminator in 4 group(s)" in result.stderr
+    ours, theirs = records(outputs["8gpu_fsdp.yaml"], "train"), records(outputs["8gpu.yaml"], "train")
+    assert len(ours) == len(theirs) == 4 and all(r["world_size"] == 2 for r in ours)
+    for mine, reference in zip(ours, theirs, strict=True):
+        for key in ("d_loss", "g_loss"):  # measured: 1e-4 apart at most (reductions in another order)
+            assert mine[key] == pytest.approx(reference[key], rel=1e-3), (mine["step"], key)
+        for key in ("grad_norm_d", "grad_norm_g"):  # 3e-3
+            assert mine[key] == pytest.approx(reference[key], rel=2e-2), (mine["step"], key)
+
+
+@pytest.mark.timeout(300)
 def test_an_fsdp2_run_resumes_bit_for_bit(tmp_path):
     path = config(tmp_path, "pacgan")
     out = tmp_path / "out"
@@ -176,7 +200,8 @@ def test_lora_under_fsdp2_is_one_line_on_every_rank(tmp_path):
 @pytest.mark.timeout(400)
 def test_a_sharded_reference_moves_with_its_rounds_as_under_ddp(tmp_path):
     """ddo's reference (the starting generator, moved to the generator every 2 steps) is sharded
-    as the generator is, and a checkpoint holds its shards."""
+    as the generator is, and a checkpoint holds its shards; the exported generator is one that
+    ``pipeline()`` runs, as the DDP run's."""
     paths = write_text_example(tmp_path / "example", "gpt2", vocab_size=300, eval_texts=5)
     options = {"generator_objective": "ddo", "beta": 0.5, "round_steps": 2, "prompt_len": 2}
     path = write_text_run(tmp_path, paths, {"task_options": options, "training": {"d_steps_per_g_step": 0}})
@@ -189,6 +214,11 @@ def test_a_sharded_reference_moves_with_its_rounds_as_under_ddp(tmp_path):
         for key in ("g_loss", "log_ratio_fake", "log_ratio_real"):
             assert mine[key] == pytest.approx(reference[key], rel=1e-5, abs=1e-7), (mine["step"], key)
     assert (outputs["cpu_fsdp.yaml"] / "checkpoints" / "step-0000004" / "pytorch_model_fsdp_reference").is_dir()
+    texts = []
+    for out in outputs.values():
+        torch.manual_seed(0)
+        texts.append(generates(out / "final" / "generator"))
+    assert texts[0] == texts[1] and texts[0].startswith("Return the"), texts
 
 
 @pytest.mark.timeout(120)
