@@ -1,7 +1,7 @@
 """The text recipes' forwards as they were before packing: one padded batch per forward (a KV
 cache built where the model's default says so), the log-softmax of the whole float32 logits, and
 a classifier's head run a second time on its last hidden states. The baseline that
-tests/test_packing.py checks the packed forwards against and scripts/bench_text.py measures
+tests/test_packing.py checks the packed forwards against and benchmarks/bench_text.py measures
 them against."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainer.errors import UserError  # noqa: E402
+from trainer.contract.errors import UserError  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from safetensors.torch import save_file
 
-    from trainer.weights import WEIGHTS_NAME, read_legacy_state_dict
+    from trainer.state.weights import WEIGHTS_NAME, read_legacy_state_dict
 
     try:
         if not args.source.is_file():

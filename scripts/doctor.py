@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainer.cli import exit_command  # noqa: E402
-from trainer.doctor import main  # noqa: E402
+from trainer.commands.cli import exit_command  # noqa: E402
+from trainer.distributed.doctor import main  # noqa: E402
 
 if __name__ == "__main__":
     exit_command(main())

@@ -7,7 +7,7 @@
 # 2. the ring (configs/training/ring.yaml) in bf16 for STEPS steps;
 # 3. the text recipe on the offline example in bf16: stage 1 then stage 2, STEPS steps each (and
 #    whether its forwards took packed rows);
-# 4. scripts/bench_text.py at GPT-2-small shape against TRL in bf16 (tokens/s of the packed training
+# 4. benchmarks/bench_text.py at GPT-2-small shape against TRL in bf16 (tokens/s of the packed training
 #    forwards, steps/s, checkpoint);
 # 5. the ring under accelerate_configs/8gpu_fsdp.yaml, one process: FSDP2's fully_shard with its
 #    bf16 policy on the device (a world of one: every shard is whole).
@@ -57,7 +57,7 @@ echo "3/5 text, bf16, stage 1 then stage 2, $STEPS steps each"
     > "$OUT/text.log" 2>&1
 echo "4/5 bench_text.py, bf16, $BENCH_ARGS"
 # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
-"$PYTHON" scripts/bench_text.py --device "$DEVICE" --precision bf16 --output-dir "$OUT/bench" $BENCH_ARGS \
+"$PYTHON" benchmarks/bench_text.py --device "$DEVICE" --precision bf16 --output-dir "$OUT/bench" $BENCH_ARGS \
     > "$OUT/bench.log" 2>&1
 echo "5/5 ring, FSDP2 (8gpu_fsdp.yaml, one process), bf16, $STEPS steps"
 "$PYTHON" -m accelerate.commands.launch --config_file accelerate_configs/8gpu_fsdp.yaml --num_processes 1 \

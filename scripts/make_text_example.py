@@ -1,5 +1,5 @@
 """Write the offline real-text example: texts from the standard library's docstrings, a BPE
-tokenizer trained on them, and a tiny untrained causal LM (see trainer/text_example.py).
+tokenizer trained on them, and a tiny untrained causal LM (see trainer/commands/text_example.py).
 
     python scripts/make_text_example.py outputs/text_example [--architecture gpt2|llama]
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from trainer.text_example import write_text_example
+from trainer.commands.text_example import write_text_example
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ temperatures).
 Runs as `python`, under `torchrun` and under `accelerate launch` (every rank runs both stages).
 Outputs: OUTPUT/stage1 (generator_mle/, best/, ...), OUTPUT/stage2 (and stage2-seed-N/),
 OUTPUT/stage2-mle (the maximum-likelihood baseline), OUTPUT/frontier.png; --resume latest
-continues an interrupted pipeline. See trainer.oracle_job.main_oracle.
+continues an interrupted pipeline. See trainer.commands.oracle_job.main_oracle.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainer.cli import exit_command  # noqa: E402
-from trainer.oracle_job import main_oracle  # noqa: E402
+from trainer.commands.cli import exit_command  # noqa: E402
+from trainer.commands.oracle_job import main_oracle  # noqa: E402
 
 if __name__ == "__main__":
     exit_command(main_oracle())

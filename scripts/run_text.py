@@ -30,9 +30,9 @@ from statistics import mean
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainer.cli import exit_command  # noqa: E402
-from trainer.frontier import add_frontier_option  # noqa: E402
-from trainer.logs import configure_logging  # noqa: E402
+from trainer.commands.cli import exit_command  # noqa: E402
+from trainer.commands.frontier import add_frontier_option  # noqa: E402
+from trainer.contract.logs import configure_logging  # noqa: E402
 
 METRICS = ("nll_test", "bleu4", "self_bleu4")
 #: the frontier's metrics: quality (higher is better) against diversity (lower is better)
@@ -66,10 +66,10 @@ def example_overrides(example: Path, seed: int) -> list[str]:
 def run_seed(out: Path, example: Path, seed: int, args: argparse.Namespace) -> tuple[dict, list]:
     """Stage 1, stage 2 and the maximum-likelihood baseline of one seed; the rows of the table
     (stage 1 at temperature 1, stage 2) and the frontier's curves."""
-    from trainer.config import load_config
-    from trainer.frontier import Curve, Point
-    from trainer.loop import Trainer
-    from trainer.stages import MLE_BASELINE, fit_run, fit_stage1
+    from trainer.commands.frontier import Curve, Point
+    from trainer.commands.stages import MLE_BASELINE, fit_run, fit_stage1
+    from trainer.contract.config import load_config
+    from trainer.training.loop import Trainer
 
     device, stage2_config = args.device, args.stage2_config
     overrides = [*example_overrides(example, seed), *args.overrides]
@@ -110,7 +110,7 @@ def table(per_seed: list[dict[str, dict[str, float]]]) -> str:
 
 def frontier_report(runs: dict[int, tuple[dict, list]], out: Path) -> str:
     """Each seed's curves and its stage 2 against them, the plots, the count of seeds beyond."""
-    from trainer.frontier import Point, curve_table, judge, plot, summary_line, verdict_line
+    from trainer.commands.frontier import Point, curve_table, judge, plot, summary_line, verdict_line
 
     lines, verdicts, drawn = [], [], []
     for seed, (rows, curves) in runs.items():
@@ -140,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         given = " ".join(f"{t:g}" for t in args.frontier)
         arguments.error(f"--frontier {given}: the temperatures must include 1 (the table's stage-1 row)")
     configure_logging()
-    from trainer.text_example import write_text_example
-    from trainer.world import end_process_group
+    from trainer.commands.text_example import write_text_example
+    from trainer.distributed.world import end_process_group
 
     out = Path(args.output_dir)
     example = out / "text_example"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainer.cli import stage1_command  # noqa: E402
+from trainer.commands.cli import stage1_command  # noqa: E402
 
 if __name__ == "__main__":
     stage1_command()

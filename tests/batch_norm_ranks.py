@@ -10,8 +10,8 @@ import sys
 
 import torch
 
-from trainer.config import load_config
-from trainer.loop import Trainer
+from trainer.contract.config import load_config
+from trainer.training.loop import Trainer
 
 
 def main(config: str, out: str) -> None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 import time
 
-from trainer.config import load_config
-from trainer.loop import Trainer
+from trainer.contract.config import load_config
+from trainer.training.loop import Trainer
 
 
 def main(config: str, pause: float, where: str) -> None:

@@ -80,7 +80,7 @@ def tensorboard_text(out: Path, tag: str) -> list[str]:
 def use_scaler(monkeypatch: Any, scaler: Any) -> None:
     """Runs built while ``monkeypatch`` holds get ``scaler`` as their Accelerator's GradScaler
     (another initial scale; on the CPU, where accelerate makes none, the fp16 path)."""
-    from trainer import world
+    from trainer.distributed import world
 
     build = world.build_accelerator
 

@@ -13,9 +13,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
-from trainer.config import load_config
-from trainer.tasks import load_task
-from trainer.world import exit_process
+from trainer.contract.config import load_config
+from trainer.contract.registry import load_task
+from trainer.distributed.world import exit_process
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()

@@ -11,8 +11,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
-from trainer.phases import gradients_finite
-from trainer.world import exit_process
+from trainer.distributed.world import exit_process
+from trainer.training.phases import gradients_finite
 
 dist.init_process_group("gloo")
 model = nn.Linear(4, 4)

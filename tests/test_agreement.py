@@ -10,7 +10,7 @@ import pytest
 import torch
 from helpers import check, launch, records, write_run
 
-from trainer.phases import gradients_finite
+from trainer.training.phases import gradients_finite
 
 
 def fault_run(tmp_path, options, training=None):

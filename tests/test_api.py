@@ -9,7 +9,7 @@ import pytest
 from helpers import ROOT, records, write_run
 
 from trainer import Trainer, launch, load_config
-from trainer.errors import CheckpointError, UserError
+from trainer.contract.errors import CheckpointError, UserError
 
 
 def test_importing_the_package_loads_no_heavy_library():
@@ -59,12 +59,12 @@ def test_launch_runs_a_config_in_two_processes(tmp_path):
 
 
 def test_accelerates_private_reset_still_forgets_its_singletons():
-    # trainer.world.reset_accelerate_state is the one call of accelerate's private
+    # trainer.distributed.world.reset_accelerate_state is the one call of accelerate's private
     # _reset_state, which a later run in the same process (a notebook) relies on
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState, PartialState
 
-    from trainer.world import reset_accelerate_state
+    from trainer.distributed.world import reset_accelerate_state
 
     Accelerator(cpu=True)
     assert AcceleratorState._shared_state and GradientState._shared_state and PartialState._shared_state

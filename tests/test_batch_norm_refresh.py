@@ -10,11 +10,11 @@ from helpers import hand_refreshed, pacgan_models, records, write_run
 from safetensors.torch import load_file
 from torch import nn
 
-from trainer.batch_norm import refresh_seed, refresh_statistics
-from trainer.cli import main
-from trainer.config import load_config
-from trainer.tasks import load_task
+from trainer.commands.cli import main
+from trainer.contract.config import load_config
+from trainer.contract.registry import load_task
 from trainer.tasks.gaussian_mixture import mlp
+from trainer.training.batch_norm import refresh_seed, refresh_statistics
 
 
 def grid_task(tmp_path, extra=None):

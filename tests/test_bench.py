@@ -18,7 +18,7 @@ SIDES = ("trainer", "trl")
 @pytest.mark.timeout(400)
 def test_bench_loop_prints_a_row_per_process_count():
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_loop.py"), "--rounds=3", "--block=2", "--alone-steps=4"],
+        [sys.executable, str(ROOT / "benchmarks" / "bench_loop.py"), "--rounds=3", "--block=2", "--alone-steps=4"],
         capture_output=True,
         text=True,
         timeout=380,
@@ -36,7 +36,7 @@ def test_bench_loop_prints_a_row_per_process_count():
 @pytest.mark.timeout(300)
 def test_bench_fsdp_counts_each_rank_s_shards():
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_fsdp.py"), "--size", "tiny", "--processes", "1", "2"],
+        [sys.executable, str(ROOT / "benchmarks" / "bench_fsdp.py"), "--size", "tiny", "--processes", "1", "2"],
         capture_output=True,
         text=True,
         timeout=280,
@@ -53,7 +53,7 @@ def test_bench_fsdp_counts_each_rank_s_shards():
 
 @pytest.mark.timeout(300)
 def test_bench_fsdp_times_sampling_both_ways():
-    command = [sys.executable, str(ROOT / "scripts" / "bench_fsdp.py"), "--size", "tiny", "--sampling"]
+    command = [sys.executable, str(ROOT / "benchmarks" / "bench_fsdp.py"), "--size", "tiny", "--sampling"]
     command += ["--processes", "2", "--rounds", "1", "--sampling-tokens", "8"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -63,6 +63,16 @@ def test_bench_fsdp_times_sampling_both_ways():
     assert row, done.stdout
     groups, each, once, ratio = int(row[1]), *map(float, row.groups()[1:])
     assert groups == 6 and each > 0 and once > 0 and ratio == pytest.approx(once / each, abs=0.01)
+
+
+@pytest.mark.timeout(300)
+def test_bench_fsdp_reports_each_rank_s_peak_memory_at_load():
+    command = [sys.executable, str(ROOT / "benchmarks" / "bench_fsdp.py"), "--size", "tiny", "--loading"]
+    done = subprocess.run([*command, "--processes", "2"], capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = re.findall(r"^\| 2 \| ([\w -]+) \| (\d+) \| (\d+) \|$", done.stdout, re.M)
+    assert [kind for kind, _, _ in rows] == ["DDP", "FSDP2", "FSDP2 own weights"], done.stdout
+    assert all(int(first) > 100 and int(other) > 100 for _, first, other in rows)  # each launch's own
 
 
 @pytest.mark.timeout(600)
@@ -101,8 +111,14 @@ def test_the_gpu_check_runs_its_parts_on_the_cpu(tmp_path):
 
 
 def mixture_seeds(config: Path, output_dir: Path, *args: str) -> subprocess.CompletedProcess:
-    """scripts/mixture_seeds.py on ``config`` into ``output_dir``, with a hard timeout."""
-    command = [sys.executable, str(ROOT / "scripts" / "mixture_seeds.py"), str(config), "--output-dir", str(output_dir)]
+    """research/mixture_seeds.py on ``config`` into ``output_dir``, with a hard timeout."""
+    command = [
+        sys.executable,
+        str(ROOT / "research" / "mixture_seeds.py"),
+        str(config),
+        "--output-dir",
+        str(output_dir),
+    ]
     return subprocess.run([*command, *args], capture_output=True, text=True, timeout=250)
 
 
@@ -209,7 +225,7 @@ def test_mixture_seeds_gives_each_run_its_threads(tmp_path, monkeypatch, capsys,
 
     from helpers import write_run
 
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "research"))
     import mixture_seeds as script
 
     started = []
@@ -252,7 +268,7 @@ def test_mixture_seeds_stops_when_a_seed_stops_before_its_end(tmp_path):
 @pytest.mark.timeout(300)
 def test_bench_peft_prints_each_variant_and_the_ratios(tmp_path):
     pytest.importorskip("peft")
-    command = [sys.executable, str(ROOT / "scripts" / "bench_peft.py"), "--size", "tiny", "--steps", "1"]
+    command = [sys.executable, str(ROOT / "benchmarks" / "bench_peft.py"), "--size", "tiny", "--steps", "1"]
     command += ["--warmup", "0", "--output-dir", str(tmp_path)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -264,12 +280,12 @@ def test_bench_peft_prints_each_variant_and_the_ratios(tmp_path):
 
 
 def test_bench_text_counts_each_second_of_a_step_once_in_its_innermost_part(monkeypatch):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import bench_text
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import text_common
 
     clock = iter(range(100))
-    monkeypatch.setattr(bench_text.time, "perf_counter", lambda: next(clock))
-    times = bench_text.PartTimes()
+    monkeypatch.setattr(text_common.time, "perf_counter", lambda: next(clock))
+    times = text_common.PartTimes()
     reward = times.wrap(lambda: None, "reward")
     # the D step absorbs what it calls; the loss holds a reward computed inside it
     d_step = times.wrap(lambda: reward(), "D step", absorbing=True)

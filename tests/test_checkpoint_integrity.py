@@ -10,9 +10,9 @@ import json
 import pytest
 
 from harness.faultmatrix.input_faults import DAMAGE, damage_file
-from trainer.checkpoint import RECORD_FORMAT, STATE_NAME, checkpoint_damage, resolve_resume
-from trainer.errors import CheckpointError
-from trainer.integrity import DIGESTS_NAME, write_digests
+from trainer.contract.errors import CheckpointError
+from trainer.state.checkpoint import RECORD_FORMAT, STATE_NAME, checkpoint_damage, resolve_resume
+from trainer.state.integrity import DIGESTS_NAME, write_digests
 
 pytestmark = pytest.mark.usefixtures("process_state")  # the checks log
 

@@ -12,11 +12,11 @@ import pytest
 import yaml
 from helpers import ROOT, SCRIPT, check, env, launch, records, write_run
 
-from trainer import cli
-from trainer.config import load_config
-from trainer.errors import ConfigError
-from trainer.integrity import write_digests
-from trainer.tasks import load_task
+from trainer.commands import cli
+from trainer.contract.config import load_config
+from trainer.contract.errors import ConfigError
+from trainer.contract.registry import load_task
+from trainer.state.integrity import write_digests
 
 
 def run_cli(capsys, args):
@@ -123,7 +123,7 @@ def test_invalid_yaml(tmp_path, capsys):
 
 
 def test_overrides_are_typed(tmp_path):
-    from trainer.config import load_config
+    from trainer.contract.config import load_config
 
     config = write_run(tmp_path, {})
     run = load_config(
@@ -229,7 +229,7 @@ def test_a_checkpoint_record_without_a_part_names_it(tmp_path, capsys, lose, nam
 
 
 def test_a_stage1_part_s_settings_in_their_order_of_precedence():
-    from trainer.config import overridden_by_command_line, stage1_part_overrides
+    from trainer.contract.config import overridden_by_command_line, stage1_part_overrides
 
     section = {"training": {"max_steps": 9, "best_metric": "nll_test"}, "optim.generator.lr": 0.1}
     common = {"training.max_steps": 5, "optim.generator.lr": 0.2, "stage1.generator.optim.generator.lr": 0.3}
@@ -258,7 +258,7 @@ def test_a_stage1_part_s_settings_in_their_order_of_precedence():
 def test_a_stage1_section_value_replaced_by_the_command_line_is_logged_with_both_values(caplog):
     import logging
 
-    from trainer.stages import _report_overridden
+    from trainer.commands.stages import _report_overridden
 
     caplog.set_level(logging.INFO, logger="trainer")
     _report_overridden("stage1.generator", {"training.max_steps": (9, 5)})

@@ -7,9 +7,9 @@ import torch
 from helpers import records, write_run
 from safetensors.torch import load_file
 
-from trainer.config import load_config
-from trainer.ema import GeneratorEma
-from trainer.loop import Trainer
+from trainer.contract.config import load_config
+from trainer.state.ema import GeneratorEma
+from trainer.training.loop import Trainer
 
 
 @pytest.mark.parametrize("warmup", [False, True])
@@ -72,7 +72,7 @@ def test_a_tied_transformers_generator_averages_saves_and_resumes_exactly(tmp_pa
     # its checkpoint file stores the tied tensor once
     from test_oracle_text import write_oracle_run
 
-    from trainer.cli import main
+    from trainer.commands.cli import main
 
     config = write_oracle_run(tmp_path, {"training": {"ema_decay": 0.7, "ema_warmup": True}})
     args = ["--config", str(config), "--device", "cpu"]

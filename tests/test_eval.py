@@ -34,9 +34,9 @@ def test_eval_counts_each_sample_once(tmp_path, eval_size):
 
 @pytest.mark.timeout(120)
 def test_a_long_eval_shows_a_bar_counting_its_batches(tmp_path, monkeypatch):
-    from trainer import evaluation
-    from trainer.config import load_config
-    from trainer.loop import Trainer
+    from trainer.contract.config import load_config
+    from trainer.training import evaluation
+    from trainer.training.loop import Trainer
 
     class RecordingBar:
         def __init__(self, **kwargs):

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from trainer.frontier import Curve, Point, frontier_at, judge, plot, summary_line, verdict_line
+from trainer.commands.frontier import Curve, Point, frontier_at, judge, plot, summary_line, verdict_line
 
 # The stage-1 generator: nll_test is lowest at temperature 1, so the branch above 1 (worse
 # quality) and the branch below 1 both span 7.8..8.0; the continued one is better where it is.

@@ -13,9 +13,9 @@ from accelerate import debug_launcher
 from helpers import records, write_run
 from safetensors.torch import load_file
 
-from trainer.config import load_config
-from trainer.errors import ConfigError
-from trainer.loop import Trainer
+from trainer.contract.config import load_config
+from trainer.contract.errors import ConfigError
+from trainer.training.loop import Trainer
 
 FROZEN = {"training": {"d_steps_per_g_step": 0, "max_steps": 4, "eval_every": 2, "save_every": 2}}
 
@@ -72,7 +72,7 @@ def test_the_discriminator_is_a_fixed_reward_model(tmp_path, processes):
 
 @pytest.mark.timeout(120)
 def test_a_frozen_discriminator_run_logs_no_discriminator_training_and_resumes_exactly(tmp_path):
-    from trainer.cli import main
+    from trainer.commands.cli import main
 
     config = write_run(tmp_path, FROZEN)
     args = ["--config", str(config), "--device", "cpu"]

@@ -18,7 +18,7 @@ from test_oracle_text import TINY_MODEL, write_oracle_run
 from test_text import generates, write_text_run
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from trainer.text_example import write_text_example
+from trainer.commands.text_example import write_text_example
 
 STEPS, SAVED = 6, 3
 COMPARED = ("d_loss", "g_loss", "grad_norm_d", "grad_norm_g")

@@ -12,9 +12,9 @@ from accelerate.utils import DistributedType
 from helpers import ROOT, check, env, free_port, launch, records, write_run
 from safetensors.torch import load_file
 
-from trainer.config import load_config
-from trainer.errors import UserError
-from trainer.world import check_supported, check_world
+from trainer.contract.config import load_config
+from trainer.contract.errors import UserError
+from trainer.distributed.world import check_supported, check_world
 
 
 @pytest.mark.timeout(300)

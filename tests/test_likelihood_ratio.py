@@ -15,9 +15,9 @@ from safetensors.torch import load_file
 from test_oracle_text import TINY_MODEL, VOCAB, write_oracle_run
 from transformers import AutoModelForCausalLM, GPT2Config
 
-from trainer.cli import main
-from trainer.config import load_config
-from trainer.tasks import load_task
+from trainer.commands.cli import main
+from trainer.contract.config import load_config
+from trainer.contract.registry import load_task
 
 DDO = {"generator_objective": "ddo", "beta": 0.3, "ddo_alpha": 0.7, "mle_weight": 0.0}
 
@@ -211,8 +211,8 @@ def test_a_placed_reference_keeps_its_forward_signature():
 
     from accelerate import Accelerator
 
-    from trainer.run_parts import place_frozen
-    from trainer.world import release_accelerator
+    from trainer.distributed.world import release_accelerator
+    from trainer.training.run_parts import place_frozen
 
     model = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=20))
     expected = inspect.signature(model.forward)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import check, launch, records, use_scaler, write_run
 
-from trainer import losses
+from trainer.contract import losses
 
 REAL = torch.tensor([0.5, -1.0, 2.0])
 FAKE = torch.tensor([-0.3, 1.5, 0.0])
@@ -84,8 +84,8 @@ def test_the_loop_gives_the_penalties_the_scalers_scale(tmp_path, monkeypatch):
     unscaling by a power of two is exact, so the R1 term equals the unscaled run's."""
     from fixture_tasks import PenaltyScale
 
-    from trainer.config import load_config
-    from trainer.loop import Trainer
+    from trainer.contract.config import load_config
+    from trainer.training.loop import Trainer
 
     r1 = {}
     for name, scaler in (("plain", None), ("scaled", torch.amp.GradScaler("cpu", init_scale=2.0**16))):

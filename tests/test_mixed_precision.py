@@ -8,9 +8,9 @@ import torch
 from fixture_tasks import Overflow
 from helpers import records, use_scaler, write_run
 
-from trainer.config import load_config
-from trainer.errors import ConfigError
-from trainer.loop import Trainer
+from trainer.contract.config import load_config
+from trainer.contract.errors import ConfigError
+from trainer.training.loop import Trainer
 
 
 def step_two_generator(tmp_path, monkeypatch, inject: bool):

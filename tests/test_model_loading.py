@@ -9,7 +9,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, GPT2Config, GPT2LMHeadModel
 
-from trainer.errors import CheckpointError
+from trainer.contract.errors import CheckpointError
 from trainer.tasks.transformers_models import from_pretrained
 
 TINY = {"n_layer": 1, "n_embd": 8, "n_head": 2, "vocab_size": 20, "n_positions": 16}

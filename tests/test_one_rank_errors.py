@@ -125,8 +125,8 @@ def test_a_task_that_differs_between_ranks_is_named_on_every_rank(tmp_path, unev
 
 
 def fit_in_process(config: str) -> None:
-    from trainer.config import load_config
-    from trainer.loop import Trainer
+    from trainer.contract.config import load_config
+    from trainer.training.loop import Trainer
 
     Trainer(load_config(config), device="cpu").fit()
 

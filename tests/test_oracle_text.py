@@ -14,8 +14,8 @@ import yaml
 from helpers import ROOT, check, deep_merge, launch, records, tensorboard_text
 from safetensors.torch import load_file
 
-from trainer.cli import main
-from trainer.frontier import FRONTIER_TEMPERATURES, Curve, Point, judge, verdict_line
+from trainer.commands.cli import main
+from trainer.commands.frontier import FRONTIER_TEMPERATURES, Curve, Point, judge, verdict_line
 from trainer.tasks.oracle import OracleLSTM
 
 REFERENCE_ORACLE = ROOT.parent / "shared" / "data" / "seqgan_oracle.safetensors"
@@ -156,8 +156,8 @@ def test_saved_generator_loads_with_the_same_logits_and_resume_is_exact(tmp_path
     is still tied after a resume."""
     from transformers import AutoModelForCausalLM
 
-    from trainer.config import load_config
-    from trainer.loop import Trainer
+    from trainer.contract.config import load_config
+    from trainer.training.loop import Trainer
 
     config = write_oracle_run(tmp_path, {"training": {"max_steps": 4, "save_every": 2, "best_metric": "nll_oracle"}})
     trainer = Trainer(load_config(config), device="cpu")
@@ -195,8 +195,8 @@ def test_samples_reach_the_trackers_as_text_each_eval(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_the_data_cache_is_written_once_and_read_back(tmp_path, monkeypatch):
-    from trainer.config import load_config
-    from trainer.tasks import load_task
+    from trainer.contract.config import load_config
+    from trainer.contract.registry import load_task
 
     config = write_oracle_run(tmp_path)
     first = load_task(load_config(config)).train_dataset().columns["input_ids"]
@@ -319,17 +319,17 @@ def test_temperature_frontier_matches_the_eval_and_samples_at_its_temperature(tm
     import subprocess
     import sys
 
-    from trainer.config import load_config
-    from trainer.loop import Trainer
-    from trainer.tasks import load_task
+    from trainer.contract.config import load_config
+    from trainer.contract.registry import load_task
     from trainer.tasks.sampling import inverse_cdf_sample
+    from trainer.training.loop import Trainer
 
     config = write_oracle_run(tmp_path, {"training": {"max_steps": 2}})
     Trainer(load_config(config), device="cpu").fit()
     last_eval = records(tmp_path / "out", "eval")[-1]
     generator_dir = str(tmp_path / "out" / "final" / "generator")
 
-    script = ROOT / "scripts" / "oracle_frontier.py"
+    script = ROOT / "research" / "oracle_frontier.py"
     args = [sys.executable, str(script), generator_dir, "--config", str(config), "--temperatures", "1", "0.5"]
     result = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 0, result.stderr
@@ -377,7 +377,7 @@ def test_bench_prints_both_stages_the_published_values_and_the_frontier_goal(tmp
     stage2 = write_oracle_run(tmp_path, {"training": {"max_steps": 2}}, "stage2.yaml")
     configs = ["--stage1-config", str(stage1), "--stage2-config", str(stage2), "--stage2-seeds", "1"]
     args = [str(oracle_file), *configs, "--output-dir", str(tmp_path / "bench"), "--device", "cpu"]
-    result = launch(args, 1, timeout=300, script=ROOT / "scripts" / "bench_oracle.py")
+    result = launch(args, 1, timeout=300, script=ROOT / "benchmarks" / "bench_oracle.py")
     assert "published nll_oracle" in result.stdout
     curves, verdicts = frontier_lines(result.stdout)
     assert [p.temperature for p in curves[0].points] == list(FRONTIER_TEMPERATURES)  # run_oracle's default
@@ -393,8 +393,8 @@ def test_bench_prints_both_stages_the_published_values_and_the_frontier_goal(tmp
 def test_the_progress_bar_names_the_stage(tmp_path, monkeypatch, objective, name):
     from tqdm.auto import tqdm
 
-    from trainer import loop, outputs
-    from trainer.config import load_config
+    from trainer.contract.config import load_config
+    from trainer.training import loop, outputs
 
     bars = []
 
@@ -410,7 +410,7 @@ def test_the_progress_bar_names_the_stage(tmp_path, monkeypatch, objective, name
 
 @pytest.mark.timeout(180)
 def test_the_command_line_beats_the_config_files_stage_sections(tmp_path, caplog):
-    from trainer.cli import main_stage1
+    from trainer.commands.cli import main_stage1
 
     sections = {"generator": {"training.max_steps": 6}, "discriminator": {"training.max_steps": 6}}
     config = write_oracle_run(tmp_path, {"stage1": sections, "training": {"eval_every": 1}})
@@ -426,7 +426,7 @@ def test_the_command_line_beats_the_config_files_stage_sections(tmp_path, caplog
 
 @pytest.mark.timeout(180)
 def test_stage1_reads_each_config_file_once(tmp_path, monkeypatch):
-    from trainer.cli import main_stage1
+    from trainer.commands.cli import main_stage1
 
     config = write_oracle_run(tmp_path, {"training": {"max_steps": 1, "eval_every": 1}})
     reads: dict[str, int] = {}
@@ -444,8 +444,8 @@ def test_stage1_reads_each_config_file_once(tmp_path, monkeypatch):
 
 @pytest.mark.timeout(120)
 def test_a_config_dict_runs_like_its_file(tmp_path):
-    from trainer.config import load_config
-    from trainer.loop import Trainer
+    from trainer.contract.config import load_config
+    from trainer.training.loop import Trainer
 
     path = write_oracle_run(tmp_path, {"training": {"max_steps": 1, "eval_every": 1, "save_every": 1}})
     as_dict = yaml.safe_load(path.read_text())
@@ -459,8 +459,8 @@ def test_d_oracle_corr_and_distinct2_by_hand(tmp_path):
     """d_oracle_corr: Pearson's r of the discriminator's rating of each generated sequence with
     its log-likelihood under the oracle (minus its nll_oracle); distinct2: distinct bigrams of
     the generated sequences over all; by hand on three sequences."""
-    from trainer.config import load_config
-    from trainer.tasks import load_task
+    from trainer.contract.config import load_config
+    from trainer.contract.registry import load_task
 
     task = load_task(load_config(write_oracle_run(tmp_path)))
     nll_oracle, d_fake = [3.0, 1.0, 2.0], [0.5, 2.0, -1.0]
@@ -485,7 +485,7 @@ def test_d_oracle_corr_and_distinct2_by_hand(tmp_path):
 
 
 def test_partial_correlation_is_the_correlation_of_what_the_given_variable_leaves():
-    from trainer.tasks.oracle_report import partial_correlation
+    from trainer.commands.oracle_report import partial_correlation
     from trainer.tasks.sequence_metrics import pearson
 
     torch.manual_seed(0)
@@ -506,12 +506,12 @@ def test_oracle_discriminator_prints_each_correlation_over_all_samples_and_each_
     import subprocess
     import sys
 
-    from trainer.config import load_config
-    from trainer.loop import Trainer
+    from trainer.contract.config import load_config
+    from trainer.training.loop import Trainer
 
     config = write_oracle_run(tmp_path, {"training": {"max_steps": 2}})
     Trainer(load_config(config), device="cpu").fit()
-    script = ROOT / "scripts" / "oracle_discriminator.py"
+    script = ROOT / "research" / "oracle_discriminator.py"
     args = [sys.executable, str(script), str(tmp_path / "out" / "final"), "--config", str(config)]
     done = subprocess.run([*args, "--samples", "60", "--chunk", "20"], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr

@@ -12,7 +12,7 @@ import yaml
 from helpers import ROOT, records, write_run
 
 from trainer import Trainer, load_config
-from trainer.cli import main
+from trainer.commands.cli import main
 
 
 @pytest.mark.timeout(300)
@@ -96,7 +96,7 @@ def test_trackers_start_with_the_project_run_name_and_init_kwargs(tmp_path, monk
     assert started == [("rings", {"tensorboard": {"flush_secs": 1}, "wandb": {"entity": "team"}})]
     assert list((tmp_path / "out" / "tensorboard" / "rings").glob("events.out.tfevents.*"))
 
-    from trainer.metrics import tracker_settings
+    from trainer.training.metrics import tracker_settings
 
     run = load_config(write_run(tmp_path, {"training": training}))
     project, kwargs = tracker_settings(run.config, ["wandb", "mlflow", "tensorboard"])

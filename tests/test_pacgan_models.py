@@ -12,11 +12,11 @@ import yaml
 from helpers import PACGAN_DISCRIMINATOR, ROOT, hand_refreshed, launch, pacgan_models, records, write_run
 from torch import nn
 
-from trainer.batch_norm import refresh_seed
-from trainer.cli import main
-from trainer.config import load_config
-from trainer.tasks import load_task
+from trainer.commands.cli import main
+from trainer.contract.config import load_config
+from trainer.contract.registry import load_task
 from trainer.tasks.gaussian_mixture import Maxout, mlp
+from trainer.training.batch_norm import refresh_seed
 
 
 def pacgan_run(tmp_path, config=None):

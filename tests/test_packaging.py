@@ -26,7 +26,9 @@ def test_the_wheel_holds_the_trainer_package_alone(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {name.split("/")[0] for name in names} == {"trainer", "trainer-0.1.0.dist-info"}
-    assert {"trainer/loop.py", "trainer/tasks/oracle_text.py", "trainer/config/sections.py"} <= set(names)
+    assert {"trainer/training/loop.py", "trainer/tasks/oracle_text.py", "trainer/contract/config/sections.py"} <= set(
+        names
+    )
     assert not [name for name in names if "faultmatrix" in name or name.endswith("testing.py")]
 
 

@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 from test_text import example, write_text_run  # noqa: F401 (example: the fixture)
 
 from harness.padded import use_padded
-from trainer.config import load_config
-from trainer.tasks.base import Penalties
+from trainer.contract.config import load_config
+from trainer.contract.task import Penalties
 from trainer.tasks.packing import chosen_log_probs, packed_layout
 from trainer.tasks.text import TextTask
 

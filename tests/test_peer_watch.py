@@ -24,7 +24,7 @@ SERVER = textwrap.dedent(
 RANK = textwrap.dedent(
     """
     import atexit, sys, time
-    from trainer import peer_watch
+    from trainer.distributed import peer_watch
     # atexit runs its functions last in, first out: this one after any the trainer registers
     atexit.register(lambda: print("watch thread alive after close:", watch._thread.is_alive(), file=sys.stderr))
     watch = peer_watch.start_watch(rank=1, world_size=2, stop_grace_s=30, timeout_s=600)

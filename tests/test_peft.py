@@ -13,10 +13,10 @@ from helpers import ROOT, check, launch, records
 from safetensors.torch import load_file
 from test_text import bad, check_evals, generates, write_text_run
 
-from trainer.cli import main
-from trainer.config import load_config
-from trainer.loop import Trainer
-from trainer.text_example import write_text_example
+from trainer.commands.cli import main
+from trainer.commands.text_example import write_text_example
+from trainer.contract.config import load_config
+from trainer.training.loop import Trainer
 
 pytest.importorskip("peft")
 
@@ -207,8 +207,8 @@ def test_a_saved_adapter_s_config_is_reused_and_the_adapter_alone_exported(tmp_p
 def test_without_peft_installed_the_key_is_named(monkeypatch):
     import sys
 
-    from trainer.adapters import with_adapter
-    from trainer.errors import ConfigError
+    from trainer.contract.errors import ConfigError
+    from trainer.state.adapters import with_adapter
 
     monkeypatch.setitem(sys.modules, "peft", None)  # import peft raises ImportError
     with pytest.raises(ConfigError, match="run.yaml: key 'model.peft' needs the peft library: pip install"):

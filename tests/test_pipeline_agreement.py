@@ -13,8 +13,8 @@ import torch
 from accelerate import debug_launcher
 from helpers import write_run
 
-from trainer import stages
-from trainer.errors import UserError
+from trainer.commands import stages
+from trainer.contract.errors import UserError
 
 #: where each rank records its runs (set in the launched function)
 RESULTS: list[Path] = []

@@ -1,5 +1,5 @@
 """A command's exit after a process group skips the interpreter's finalization (see
-trainer.world.exit_process): gloo's worker threads outlive destroy_process_group and, taking
+trainer.distributed.world.exit_process): gloo's worker threads outlive destroy_process_group and, taking
 the GIL to drop a finished collective's tensors while the interpreter finalizes, abort the
 process (SIGABRT, "terminate called without an active exception") after its work is done.
 The exit handlers and the streams are still served, and the status kept."""
@@ -15,7 +15,7 @@ from helpers import ROOT, free_port, worker_env
 WORKER = """
 import atexit, sys
 import torch.distributed as dist
-from trainer.world import end_process_group, exit_process
+from trainer.distributed.world import end_process_group, exit_process
 
 if sys.argv[1] == "group":
     dist.init_process_group("gloo", init_method="env://")
@@ -60,5 +60,5 @@ def test_the_commands_end_through_it():
     for script in ("train_stage1.py", "train_stage2.py", "run_oracle.py", "run_text.py", "doctor.py"):
         assert "_command(" in (ROOT / "scripts" / script).read_text(), script
     entry_points = (ROOT / "setup.cfg").read_text()
-    assert "trainer-stage2 = trainer.cli:stage2_command" in entry_points
-    assert "trainer-stage1 = trainer.cli:stage1_command" in entry_points
+    assert "trainer-stage2 = trainer.commands.cli:stage2_command" in entry_points
+    assert "trainer-stage1 = trainer.commands.cli:stage1_command" in entry_points

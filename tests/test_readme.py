@@ -23,7 +23,7 @@ COVERED = {
     "--config configs/training/ring.yaml --device cuda": "needs GPUs; tests/test_safety.py runs the doctor on CPUs",
     "python scripts/train_stage2.py --config configs/training/ring.yaml --device cpu "
     "--resume outputs/ring/checkpoints/step-0003000": "tests/test_resume.py resumes from a named checkpoint",
-    "python scripts/bench_oracle.py ../shared/data/seqgan_oracle.safetensors [--full]": "a benchmark (5 minutes "
+    "python benchmarks/bench_oracle.py ../shared/data/seqgan_oracle.safetensors [--full]": "a benchmark (5 minutes "
     "and more); tests/test_oracle_text.py runs it on a tiny oracle and tiny configs",
     "torchrun --standalone --nproc_per_node 8 --max-restarts 3 scripts/train_stage2.py "
     "--config configs/training/ring.yaml --device cuda --resume latest": "needs GPUs; scripts/fault_matrix.py "
@@ -39,19 +39,19 @@ COVERED = {
     "accelerate launch --config_file accelerate_configs/8gpu_fsdp.yaml scripts/train_stage2.py "
     "--config configs/training/text_stage2.yaml --device cuda": "needs GPUs; the cpu_fsdp.yaml rehearsal is run "
     "below, and tests/test_fsdp.py trains the text recipe's models under it",
-    "python scripts/bench_fsdp.py": "a benchmark (11 minutes); tests/test_bench.py runs it at the tiny size",
-    "bash scripts/check_floors.sh": "not in CI: it installs torch 2.6 (a 3 GB CUDA build); the README "
+    "python benchmarks/bench_fsdp.py": "a benchmark (11 minutes); tests/test_bench.py runs it at the tiny size",
+    "bash benchmarks/check_floors.sh": "not in CI: it installs torch 2.6 (a 3 GB CUDA build); the README "
     "records its last result",
     'pip install -e ".[bench]"': ".ci/run installs the dev extra, which holds the bench extra's TRL",
-    "python scripts/bench_text.py": "a benchmark (minutes); tests/test_bench.py runs it at the tiny size "
+    "python benchmarks/bench_text.py": "a benchmark (minutes); tests/test_bench.py runs it at the tiny size "
     "through scripts/gpu_check.sh",
     "bash scripts/gpu_check.sh": "needs a GPU; tests/test_bench.py runs it with DEVICE=cpu",
     'pip install -e ".[peft]"': ".ci/run installs the dev extra, which holds the peft extra's library",
     "python scripts/run_text.py --device cpu --stage2-config configs/training/text_stage2_spin.yaml": "the ddo "
     "command's path (test_readme_text_table); tests/test_text.py trains spin on texts",
-    "python scripts/bench_peft.py": "a benchmark (an hour on a 2-core CPU); tests/test_bench.py runs it at the "
+    "python benchmarks/bench_peft.py": "a benchmark (an hour on a 2-core CPU); tests/test_bench.py runs it at the "
     "tiny size",
-    "python scripts/bench_peft.py --checkpointing": "a benchmark; tests/test_bench.py runs it at the tiny size",
+    "python benchmarks/bench_peft.py --checkpointing": "a benchmark; tests/test_bench.py runs it at the tiny size",
     "PYTHONPATH=. accelerate launch --config_file accelerate_configs/8gpu.yaml --num_processes 2 "
     "--mixed_precision no scripts/train_stage2.py --config two_peaks.yaml --device cpu": "tests/test_custom_task.py",
 }
@@ -76,8 +76,8 @@ TEXT_TINY = [
 ]
 
 #: run on the stage-1 generator of test_readme_stage1_then_stage2_alone
-FRONTIER = "python scripts/oracle_frontier.py outputs/oracle/stage1/best/generator"
-ORACLE_DISCRIMINATOR = "python scripts/oracle_discriminator.py outputs/oracle/stage1/best"
+FRONTIER = "python research/oracle_frontier.py outputs/oracle/stage1/best/generator"
+ORACLE_DISCRIMINATOR = "python research/oracle_discriminator.py outputs/oracle/stage1/best"
 RING_DEBUG = ["--debug"]
 #: oracle_text at a tiny size: a few steps, a small corpus
 ORACLE_TINY = [
@@ -103,15 +103,15 @@ MIXTURE_TINY = ["--seeds", "0", "--set", "training.max_steps=4", "--set", "train
 
 #: commands run here: the extra arguments that shrink them (an output directory is added)
 RUN = {
-    'python scripts/mixture_seeds.py configs/training/ring.yaml --variant "no EMA:training.ema_decay=0" --jobs 2': (
+    'python research/mixture_seeds.py configs/training/ring.yaml --variant "no EMA:training.ema_decay=0" --jobs 2': (
         MIXTURE_TINY
     ),
-    'python scripts/mixture_seeds.py configs/training/grid.yaml --variant "no EMA:training.ema_decay=0" --jobs 2': (
+    'python research/mixture_seeds.py configs/training/grid.yaml --variant "no EMA:training.ema_decay=0" --jobs 2': (
         MIXTURE_TINY
     ),
-    "python scripts/mixture_seeds.py configs/training/ring_pacgan.yaml --set training.max_steps=20000 "
+    "python research/mixture_seeds.py configs/training/ring_pacgan.yaml --set training.max_steps=20000 "
     "--output-dir outputs/pacgan_short/ring": [*MIXTURE_TINY, "--set", "data.train_size=4000"],
-    "python scripts/mixture_seeds.py configs/training/grid_pacgan.yaml --set training.max_steps=40000 --jobs 2 "
+    "python research/mixture_seeds.py configs/training/grid_pacgan.yaml --set training.max_steps=40000 --jobs 2 "
     "--output-dir outputs/pacgan_short/grid": [*MIXTURE_TINY, "--set", "data.train_size=4000"],
     "python scripts/run_oracle.py --device cpu": ORACLE_TINY,
     "python scripts/run_oracle.py --device cpu --stage2-config configs/training/stage2_ddo.yaml": ORACLE_TINY,
@@ -296,7 +296,7 @@ def test_readme_text_table(tmp_path, command, stage2_part, frontier):
     assert "seed 0, stage2, step-0000002.txt:" in result.stdout
     # The frontier: stage 1 and the maximum-likelihood baseline at each temperature (--frontier,
     # or the default's), the verdict.
-    from trainer.frontier import FRONTIER_TEMPERATURES
+    from trainer.commands.frontier import FRONTIER_TEMPERATURES
 
     temperatures = [float(t) for t in frontier[1:]] or list(FRONTIER_TEMPERATURES)
     curves = result.stdout.split("seed 0, the frontier:\n")[1].splitlines()

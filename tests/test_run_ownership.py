@@ -7,7 +7,7 @@ import json
 import pytest
 from helpers import check, launch, write_run
 
-from trainer.checkpoint import STATE_NAME, stale_checkpoints
+from trainer.state.checkpoint import STATE_NAME, stale_checkpoints
 
 
 def error_lines(stderr: str) -> list[str]:
@@ -101,7 +101,7 @@ def test_resume_on_another_number_of_processes_or_one_line_on_every_rank(tmp_pat
 def test_fsync_tree_flushes_every_file_and_directory_before_a_rename(tmp_path, monkeypatch):
     import os
 
-    from trainer import checkpoint
+    from trainer.state import checkpoint
 
     tree = tmp_path / ".partial"
     (tree / "sub").mkdir(parents=True)
@@ -118,7 +118,8 @@ def test_fsync_tree_flushes_every_file_and_directory_before_a_rename(tmp_path, m
 
 @pytest.mark.timeout(120)
 def test_every_checkpoint_and_export_is_flushed_before_its_rename(tmp_path, monkeypatch):
-    from trainer import Trainer, checkpoint, load_config
+    from trainer import Trainer, load_config
+    from trainer.state import checkpoint
 
     flushed = []
     real = checkpoint.fsync_tree

@@ -11,11 +11,11 @@ import torch
 from helpers import ROOT, TESTS, check, env, launch, write_run
 from safetensors.torch import load_file
 
-from trainer.errors import CheckpointError
+from trainer.contract.errors import CheckpointError
+from trainer.distributed.watchdog import Heartbeat
+from trainer.distributed.world import shared_devices
+from trainer.state.weights import read_legacy_state_dict
 from trainer.tasks.gaussian_mixture import mlp
-from trainer.watchdog import Heartbeat
-from trainer.weights import read_legacy_state_dict
-from trainer.world import shared_devices
 
 CONVERT = ROOT / "scripts" / "convert_checkpoint.py"
 DOCTOR = ROOT / "scripts" / "doctor.py"
@@ -79,7 +79,7 @@ def test_shared_devices_are_found():
 WATCHED = """
 import sys, time
 from pathlib import Path
-from trainer.watchdog import HEARTBEAT, Watchdog
+from trainer.distributed.watchdog import HEARTBEAT, Watchdog
 with Watchdog(1.0, Path(sys.argv[1]), rank=3), HEARTBEAT.inside("a call"):
     HEARTBEAT.beat("discriminator phase", 7)
     HEARTBEAT.collective_entered("all_reduce (per-step agreement)")

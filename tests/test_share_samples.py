@@ -9,9 +9,9 @@ from helpers import check, launch, write_run
 from safetensors.torch import load_file
 from test_text import example, write_text_run  # noqa: F401 (example: the fixture)
 
-from trainer.config import load_config
-from trainer.errors import ConfigError
-from trainer.loop import Trainer
+from trainer.contract.config import load_config
+from trainer.contract.errors import ConfigError
+from trainer.training.loop import Trainer
 
 
 def recorded_step(tmp_path, paths, training: dict) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

@@ -112,7 +112,7 @@ def test_a_later_run_takes_the_existing_groups_backend(tmp_path, monkeypatch):
     group's backend (agreed when it formed), not this rank's view of CUDA now."""
     import torch
 
-    from trainer.process_group import form_process_group
+    from trainer.distributed.process_group import form_process_group
 
     store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
     torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
@@ -127,7 +127,7 @@ def agree_in_threads(store, world_size: int, late: int, delay_s: float) -> list[
     """Every rank's agreed round name, each rank a thread; rank ``late`` starts ``delay_s`` late."""
     import threading
 
-    from trainer.process_group import agree_on_round
+    from trainer.distributed.process_group import agree_on_round
 
     names: list[str | None] = [None] * world_size
 
@@ -178,7 +178,7 @@ print("imported:", " ".join(sorted(sys.modules)))
 def test_a_mixture_run_does_not_import_the_model_libraries_it_does_not_use(tmp_path):
     # transformers' scheduler module imports its Trainer utilities, which import peft (where it
     # is installed) and with it transformers' modeling stack: about 1 s of CPU in each process
-    # of a run made of plain torch models (trainer/schedules.py), and of every test that launches one
+    # of a run made of plain torch models (trainer/contract/schedules.py), and of every test that launches one
     config = write_run(tmp_path, {"optim": {"discriminator": {"scheduler": "constant", "warmup_steps": 2}}})
     code = IMPORTED_BY_A_RUN.format(script=str(SCRIPT))
     args = ["--config", str(config), "--device", "cpu", "--output-dir", str(tmp_path / "out")]
@@ -186,6 +186,6 @@ def test_a_mixture_run_does_not_import_the_model_libraries_it_does_not_use(tmp_p
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "out" / "final").is_dir()
     imported = set(done.stdout.splitlines()[-1].split()[1:])
-    assert "trainer.loop" in imported and "torch" in imported
+    assert "trainer.training.loop" in imported and "torch" in imported
     unused = {"peft", "transformers.trainer_utils", "transformers.optimization", "transformers.modeling_utils"}
     assert not unused & imported, sorted(unused & imported)

@@ -8,7 +8,7 @@ import math
 import pytest
 from helpers import check, launch, records, write_run
 
-from trainer.outputs import improves
+from trainer.training.outputs import improves
 
 
 @pytest.mark.timeout(120)

@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from trainer import checkpoint, exports, storage
-from trainer.metrics import MetricsLog
-from trainer.storage import StorageError
+from trainer.state import checkpoint, exports, storage
+from trainer.state.storage import StorageError
+from trainer.training.metrics import MetricsLog
 
 Usage = namedtuple("Usage", "total used free")
 

@@ -15,8 +15,8 @@ import torch
 import yaml
 from helpers import ROOT, check, deep_merge, launch, records, tensorboard_text
 
-from trainer.cli import main
-from trainer.text_example import write_text_example
+from trainer.commands.cli import main
+from trainer.commands.text_example import write_text_example
 
 STAGE1 = ROOT / "scripts" / "train_stage1.py"
 EVAL_TEXTS = 23  # not a multiple of the eval batch or of 2 processes: the count must be exact
@@ -190,8 +190,8 @@ def test_bad_text_inputs_are_one_line_each(tmp_path, example, capsys):
 def test_padding_is_excluded_from_the_losses_and_the_eval(tmp_path, example):
     """The NLL of a padded batch equals the mean over each text's own tokens, computed on each
     text alone (no padding anywhere), in training (mle_loss) and in eval (nll_test)."""
-    from trainer.config import load_config
-    from trainer.tasks import load_task
+    from trainer.contract.config import load_config
+    from trainer.contract.registry import load_task
 
     task = load_task(load_config(write_text_run(tmp_path, example["gpt2"], {"task_options": {"max_length": 64}})))
     generator = task.build_generator().eval()
@@ -213,8 +213,8 @@ def test_padding_is_excluded_from_the_losses_and_the_eval(tmp_path, example):
 
 
 def test_bleu_and_distinct_bigrams_against_hand_computed_values(tmp_path, example):
-    from trainer.config import load_config
-    from trainer.tasks import load_task
+    from trainer.contract.config import load_config
+    from trainer.contract.registry import load_task
     from trainer.tasks.sequence_metrics import mean_bleu
 
     sentence = "return the value of the named attribute".split()
@@ -258,8 +258,9 @@ def test_bfloat16_weights_with_gradient_checkpointing(tmp_path, example):
 
 @pytest.mark.timeout(300)
 def test_prompted_generation_continues_real_texts_and_trains_only_what_it_chose(tmp_path, example):
-    from trainer.config import load_config
-    from trainer.tasks import Penalties, load_task
+    from trainer.contract.config import load_config
+    from trainer.contract.registry import load_task
+    from trainer.contract.task import Penalties
 
     options = {"prompt_len": 3, "mle_weight": 0.5}
     config = write_text_run(tmp_path, example["gpt2"], {"task_options": options, "training": {"max_steps": 2}})

@@ -13,8 +13,8 @@ import pytest
 from helpers import ROOT, launch, records
 from test_text import EVAL_TEXTS, bad, check_evals, write_text_run
 
-from trainer.cli import main
-from trainer.errors import DataError
+from trainer.commands.cli import main
+from trainer.contract.errors import DataError
 from trainer.tasks.text_data import read_dataset
 
 
@@ -28,7 +28,7 @@ def saved(tmp_path_factory):
     named ``body``, beside a column the recipe does not read."""
     import datasets
 
-    from trainer.text_example import write_text_example
+    from trainer.commands.text_example import write_text_example
 
     root = tmp_path_factory.mktemp("text_dataset")
     paths = write_text_example(root, "gpt2", vocab_size=300, eval_texts=EVAL_TEXTS)

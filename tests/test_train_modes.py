@@ -13,8 +13,8 @@ from accelerate import debug_launcher
 from helpers import write_run
 from test_oracle_text import TINY_MODEL, write_oracle_run
 
-from trainer.config import load_config
-from trainer.loop import Trainer
+from trainer.contract.config import load_config
+from trainer.training.loop import Trainer
 
 VARIANTS = {
     "adversarial": ({}, {"generator": [True], "discriminator": [True]}),

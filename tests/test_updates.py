@@ -12,9 +12,9 @@ from helpers import TINY_DISCRIMINATOR, TINY_GENERATOR, check, launch, records, 
 from safetensors.torch import load_file, save_file
 from transformers import get_scheduler
 
-from trainer.config import load_config
-from trainer.loop import Trainer
+from trainer.contract.config import load_config
 from trainer.tasks.gaussian_mixture import mlp, sample_mixture
+from trainer.training.loop import Trainer
 
 STEPS, D_STEPS, BATCH, TRAIN_SIZE, SEED = 3, 2, 2, 8, 5
 LR_G, LR_D, CLIP_D = 2e-3, 1e-3, 0.05
@@ -194,7 +194,7 @@ def test_generator_phase_leaves_discriminator_untouched(tmp_path):
 def test_the_constant_schedule_is_transformers_own():
     # built without importing transformers' scheduler module (tests/test_startup.py says why):
     # the same factors, and the same state, so a checkpoint from either loads into the other
-    from trainer.schedules import build_scheduler
+    from trainer.contract.schedules import build_scheduler
 
     def optimizer():
         return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)

@@ -15,15 +15,19 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from trainer import compat
+
 __version__ = "0.1.0"
 
+compat.install()  # the modules' earlier names, for one release
+
 _API = {
-    "load_config": "trainer.config",
-    "Trainer": "trainer.loop",
-    "launch": "trainer.api",
-    "fit_stage1": "trainer.stages",
-    "fit_pipeline": "trainer.stages",
-    "Task": "trainer.tasks.base",
+    "load_config": "trainer.contract.config",
+    "Trainer": "trainer.training.loop",
+    "launch": "trainer.commands.api",
+    "fit_stage1": "trainer.commands.stages",
+    "fit_pipeline": "trainer.commands.stages",
+    "Task": "trainer.contract.task",
 }
 
 __all__ = [*_API, "__version__"]

@@ -1,42 +1,9 @@
-"""Built-in recipes and the loader for ``task: package.module:Class``."""
+"""The built-in recipes (``task: text``, ``oracle_text``, ``gaussian_mixture``): each a
+:class:`~trainer.contract.task.Task` subclass, the contract a user's recipe implements too.
 
-from __future__ import annotations
+``trainer.tasks.Task`` (with ``NoOptions`` and ``Penalties``) is the contract's earlier name, kept
+for one release; ``from trainer import Task`` is the name to use."""
 
-import importlib
+from trainer.contract.task import NoOptions, Penalties, Task
 
-from trainer.config import RunConfig
-from trainer.config.schema import suggestion
-from trainer.errors import ConfigError
-from trainer.tasks.base import NoOptions, Penalties, Task
-
-BUILT_IN = {
-    "gaussian_mixture": "trainer.tasks.gaussian_mixture:GaussianMixtureTask",
-    "oracle_text": "trainer.tasks.oracle_text:OracleTextTask",
-    "text": "trainer.tasks.text:TextTask",
-}
-
-__all__ = ["BUILT_IN", "NoOptions", "Penalties", "Task", "load_task"]
-
-
-def task_class(name: str, source: str = "config") -> type[Task]:
-    """Resolve a built-in recipe name or ``package.module:Class`` to a Task subclass."""
-    target = BUILT_IN.get(name, name)
-    if ":" not in target:
-        raise ConfigError(
-            f"{source}: key 'task' is {name!r}, neither a built-in recipe "
-            f"({', '.join(BUILT_IN)}) nor package.module:Class" + suggestion(name, BUILT_IN)
-        )
-    module_name, _, class_name = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"{source}: key 'task': cannot import {module_name!r}: {exc}") from None
-    cls = getattr(module, class_name, None)
-    if not (isinstance(cls, type) and issubclass(cls, Task)):
-        raise ConfigError(f"{source}: key 'task': {target!r} is not a subclass of trainer.tasks.Task")
-    return cls
-
-
-def load_task(run: RunConfig) -> Task:
-    """Instantiate the configured task (this also checks its options and model configs)."""
-    return task_class(run.config.task, run.source)(run)
+__all__ = ["NoOptions", "Penalties", "Task"]

@@ -11,9 +11,9 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from trainer.config.schema import require
-from trainer.errors import ConfigError, DataError
-from trainer.tasks.base import Task, TensorRows
+from trainer.contract.config.schema import require
+from trainer.contract.errors import ConfigError, DataError
+from trainer.contract.task import Task, TensorRows
 
 
 @dataclass

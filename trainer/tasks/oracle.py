@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from trainer.errors import DataError
+from trainer.contract.errors import DataError
 from trainer.tasks.sampling import inverse_cdf_sample
 
 GATES = ("i", "f", "og", "c")

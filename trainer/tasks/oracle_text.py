@@ -29,9 +29,9 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from trainer.config.schema import require
-from trainer.errors import ConfigError
-from trainer.tasks.base import TensorRows, cache_root
+from trainer.contract.config.schema import require
+from trainer.contract.errors import ConfigError
+from trainer.contract.task import TensorRows, cache_root
 from trainer.tasks.oracle import OracleLSTM
 from trainer.tasks.sequence_gan import SequenceGanTask
 from trainer.tasks.sequence_metrics import discriminator_accuracy, distinct_bigrams, pearson
@@ -56,7 +56,7 @@ class OracleTextOptions(SequenceGanOptions):
     #: runs with different seeds see the same data)
     data_seed: int = 0
     #: eval: the generator's sampling temperature, also applied to its nll_test (below 1: fewer,
-    #: likelier tokens; scripts/oracle_frontier.py sweeps it to draw the quality-diversity
+    #: likelier tokens; research/oracle_frontier.py sweeps it to draw the quality-diversity
     #: trade-off a stage 2 must beat)
     eval_temperature: float = 1.0
 

@@ -28,11 +28,11 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from trainer import losses
-from trainer.adapters import AdapterOff
-from trainer.errors import ConfigError
-from trainer.logs import without_log_records
-from trainer.tasks.base import Penalties, Task
+from trainer.contract import losses
+from trainer.contract.errors import ConfigError
+from trainer.contract.logs import without_log_records
+from trainer.contract.task import Penalties, Task
+from trainer.state.adapters import AdapterOff
 from trainer.tasks.packing import (
     PADDING_KEPT,
     PackedLayout,

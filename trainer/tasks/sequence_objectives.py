@@ -11,7 +11,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from trainer.config.schema import require
+from trainer.contract.config.schema import require
 
 
 @dataclass

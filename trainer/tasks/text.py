@@ -33,11 +33,11 @@ from transformers import (
     PretrainedConfig,
 )
 
-from trainer.config import as_list
-from trainer.config.model_configs import is_model_source
-from trainer.config.schema import require
-from trainer.errors import ConfigError, DataError
-from trainer.tasks.base import cache_root
+from trainer.contract.config import as_list
+from trainer.contract.config.model_configs import is_model_source
+from trainer.contract.config.schema import require
+from trainer.contract.errors import ConfigError, DataError
+from trainer.contract.task import cache_root
 from trainer.tasks.sequence_gan import SequenceGanTask
 from trainer.tasks.sequence_metrics import discriminator_accuracy, distinct_bigrams, mean_bleu
 from trainer.tasks.sequence_objectives import SequenceGanOptions

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainer.errors import DataError
+from trainer.contract.errors import DataError
 
 #: the ``datasets.load_dataset`` builder of each file suffix
 FORMATS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}

@@ -10,9 +10,9 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-from trainer.config.schema import suggestion
-from trainer.errors import CheckpointError, ConfigError
-from trainer.logs import without_log_records
+from trainer.contract.config.schema import suggestion
+from trainer.contract.errors import CheckpointError, ConfigError
+from trainer.contract.logs import without_log_records
 
 logger = logging.getLogger("trainer")
 #: transformers' own report of the keys it read (5.x: a table; 4.x: "Some weights of ..."),
