@@ -11,8 +11,9 @@ import pytest
 
 from harness.faultmatrix.input_faults import DAMAGE, damage_file
 from trainer.contract.errors import CheckpointError
-from trainer.state.checkpoint import RECORD_FORMAT, STATE_NAME, checkpoint_damage, resolve_resume
+from trainer.state.checkpoint import RECORD_FORMAT, STATE_NAME
 from trainer.state.integrity import DIGESTS_NAME, write_digests
+from trainer.state.resuming import checkpoint_damage, resolve_resume
 
 pytestmark = pytest.mark.usefixtures("process_state")  # the checks log
 

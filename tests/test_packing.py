@@ -261,7 +261,7 @@ def test_a_batch_with_little_padding_stays_a_batch_cut_after_its_longest_sequenc
     for model, role in ((generator, "generator"), (discriminator, "discriminator")):
         assert task.packs(model, role)  # the models take packed rows; this batch does not need them
         model.register_forward_pre_hook(lambda _m, _a, k: widths.append(k["input_ids"].shape), with_kwargs=True)
-    monkeypatch.setattr("trainer.tasks.sequence_gan.packed_layout", None)  # a call would fail
+    monkeypatch.setattr("trainer.tasks.sequence_forwards.packed_layout", None)  # a call would fail
     mask = task.valid_mask(sequences)
     with torch.no_grad():
         got = task.token_log_probs(generator, sequences) * mask, task.score(discriminator, sequences)

@@ -10,7 +10,8 @@ import torch
 from helpers import check, launch, pacgan_models, records, write_run
 from safetensors.torch import load_file
 
-from trainer.state.checkpoint import STATE_NAME, resolve_resume
+from trainer.state.checkpoint import STATE_NAME
+from trainer.state.resuming import resolve_resume
 
 MEASURED = ("samples_per_s", "steps_per_s", "peak_memory_mb")  # machine measurements, not results
 

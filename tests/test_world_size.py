@@ -13,7 +13,7 @@ from helpers import check, launch, records, write_run
 from safetensors.torch import load_file
 
 from trainer.contract.errors import CheckpointError
-from trainer.state.checkpoint import resumed_accumulation
+from trainer.state.resuming import resumed_accumulation
 
 BATCH, GLOBAL = 2, 8  # micro-batches of 2 samples, 4 of them a phase over all ranks
 STEPS, SAVED = 6, 3

@@ -113,7 +113,7 @@ def kill_during_checkpoint(work: Path, processes: int) -> Outcome:
             time.monotonic() - start,
             run.on_disk(),
         )
-    from trainer.state.checkpoint import resolve_resume
+    from trainer.state.resuming import resolve_resume
 
     latest = resolve_resume("latest", run.out, verify=False)
     resumed, seconds = run.run("--resume", "latest")

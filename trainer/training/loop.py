@@ -5,9 +5,10 @@ the per-step agreement (one all-reduce), the phases (the DDP backward of each), 
 eval and save (:mod:`trainer.training.outputs`), which run when the global step says so. The global
 step is the same on every rank because every rank runs the same number of phases with the
 same number of micro-batches. One optimizer step, from :meth:`Trainer.fit`: ``fit`` ->
-``step`` -> ``train_step`` -> ``run_phase`` (this file) -> :meth:`Phase.step_optimizer`, the
-phases being the table :func:`trainer.training.phases.build_phases` makes. The pieces a run is built
-from are :mod:`trainer.training.run_parts`'s.
+``step`` (this file) -> ``train_step`` -> ``run_phase`` (:mod:`trainer.training.step`) ->
+:meth:`Phase.step_optimizer`, the phases being the table
+:func:`trainer.training.phases.build_phases` makes. The pieces a run is built from are
+:mod:`trainer.training.run_parts`'s.
 """
 
 from __future__ import annotations
@@ -26,21 +27,21 @@ from accelerate.utils import set_seed
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from trainer.contract.config import RunConfig
-from trainer.contract.errors import ConfigError, NonFiniteError
+from trainer.contract.errors import ConfigError
 from trainer.contract.logs import ensure_logging
 from trainer.contract.registry import load_task
 from trainer.contract.task import Task
 from trainer.distributed import collectives, peer_watch, sharding, world
 from trainer.distributed.stop_signals import StopSignals
 from trainer.distributed.watchdog import HEARTBEAT, Watchdog, watched
-from trainer.state import adapters, checkpoint
+from trainer.state import adapters, checkpoint, resuming
 from trainer.state.checkpoint import Checkpoints, TrainState
 from trainer.state.ema import GeneratorEma
 from trainer.training import batch_norm, run_parts
 from trainer.training.metrics import MetricsLog, finish_trackers, resolve_trackers, start_trackers
 from trainer.training.outputs import RunOutputs
-from trainer.training.phases import BatchStream, Phase, build_phases, frozen
-from trainer.training.sample_order import noise_seed
+from trainer.training.phases import BatchStream, Phase, build_phases
+from trainer.training.step import OptimizerStep
 
 logger = get_logger("trainer")
 
@@ -48,7 +49,7 @@ logger = get_logger("trainer")
 PROGRESS_NAMES = {"adversarial": "stage 2", "mle": "stage 1: generator", "discriminator": "stage 1: discriminator"}
 
 
-class Trainer:
+class Trainer(OptimizerStep):
     """Stage-2 adversarial training of a task's generator against its discriminator.
 
     ``fit()`` runs in the current process (which may be one rank of a launched job). A run
@@ -214,7 +215,7 @@ class Trainer:
             {"run": self.state, "data": self.stream, "discriminator": self.d, "generator": self.g}
             | ({"ema": self.ema} if self.ema else {}),
             t.keep_checkpoints,
-            checkpoint.run_shape(cfg, acc.num_processes, sharding.is_sharded(acc)),
+            resuming.run_shape(cfg, acc.num_processes, sharding.is_sharded(acc)),
             {**({"ema": self.ema.averaged} if self.ema else {}), **task.checkpoint_modules()},
         )
         resumed_from = run_parts.resume(acc, self.checkpoints, resume_from) if resume_from is not None else None
@@ -234,96 +235,6 @@ class Trainer:
             return
         start_trackers(acc, cfg, self.trackers)
         collectives.barrier(acc, "after start-up")
-
-    # -- one optimizer step ------------------------------------------------------------------
-    def run_phase(self, phase: Phase, slot: int) -> None:
-        """One optimizer step of ``phase``, the step's ``slot``-th: its gradients
-        (:meth:`compute_gradients`), then its step (:meth:`finish_step`)."""
-        self.compute_gradients(phase, slot)
-        self.finish_step(phase)
-
-    def compute_gradients(self, phase: Phase, slot: int) -> None:
-        """The gradients of ``phase``, the step's ``slot``-th: its micro-batches under
-        accelerate's accumulate() (DDP syncs on the last); ``phase.frozen`` held still. Each
-        micro-batch's noise comes from a seed of the step, the slot and the micro-batch's
-        global index, so a step draws the same noise at any number of processes."""
-        t, acc = self.config.training, self.accelerator
-        with frozen(phase.frozen):
-            for k in range(t.gradient_accumulation_steps):
-                HEARTBEAT.beat(f"{phase.role} phase", self.state.step)
-                self.noise.manual_seed(
-                    noise_seed(t.seed, self.state.step, slot, k * acc.num_processes + acc.process_index)
-                )
-                batch = self.stream.next() if phase.needs_data else None
-                # accelerate's accumulate(); one micro-batch always syncs (skipping it saves ~1%)
-                with acc.accumulate(phase.model) if t.gradient_accumulation_steps > 1 else contextlib.nullcontext():
-                    loss, parts = phase.loss(batch)
-                    collectives.backward(self.accelerator, loss, phase.role)
-                phase.record(loss, parts)
-
-    def finish_step(self, phase: Phase) -> None:
-        """The optimizer step of ``phase`` on its gradients (:meth:`Phase.step_optimizer`), the
-        skip check and what follows the step."""
-        # The gradients were all-reduced by DDP, so whether they are finite is the same on every
-        # rank: a NaN produced on one rank reaches all of them, and every rank skips together.
-        log_norm = self.outputs.logs_at(self.state.step + 1)
-        skipped, finite = phase.step_optimizer(self.accelerator.scaler, self.step_torch_optimizer, log_norm)
-        self._check_skips(phase, skipped, finite)
-        if phase.after_step is not None:
-            phase.after_step(phase)
-
-    def _check_skips(self, phase: Phase, skipped: bool, finite: bool) -> None:
-        """Stop every rank when the non-finite policy or the bound on skips in a row says so."""
-        t = self.config.training
-        # Under a GradScaler a non-finite step is a routine overflow: only the bound applies.
-        refuse = t.nonfinite == "error" and self.accelerator.scaler is None
-        reason = phase.stop_reason(t.max_consecutive_skips, refuse, skipped, finite)
-        if reason is None:
-            return
-        # Every rank is here at the same point (the decision is a function of all-reduced
-        # gradients and agreed counters), so one gather may name the ranks that went wrong.
-        local = not all(bool(torch.isfinite(loss)) for loss in phase.losses[-t.gradient_accumulation_steps :])
-        ranks = collectives.ranks_with(self.accelerator, local, "ranks with a non-finite loss")
-        where = f"non-finite loss on rank(s) {', '.join(map(str, ranks))}" if ranks else "no rank saw a non-finite loss"
-        error = NonFiniteError(f"step {self.state.step + 1}: {reason}; {where}")
-        error.agreed = True
-        raise error
-
-    @watched
-    def train_step(self) -> str | None:
-        """One optimizer step on every rank: the D phases, then the G phase (stage 1 trains one
-        model alone, see ``training.objective``; ``training.updates: simultaneous`` takes both
-        gradients before either step). Returns the cause of a stop asked on any rank
-        by now, agreed by all ("a stop signal", "training.max_time"), or None."""
-        t = self.config.training
-        # The one agreement of the step: a stop asked on any rank by now stops every rank at
-        # the end of this step. Its all-reduce runs while the step computes.
-        time_up = t.max_time > 0 and time.monotonic() - self._started >= t.max_time
-        stop = collectives.AnyRank(self.accelerator, [time_up, self.signals.received is not None], "per-step agreement")
-        # The first step may build caches, kernels and communicators: it gets a longer bound.
-        with HEARTBEAT.long_work("first step") if self._steps_run == 0 else contextlib.nullcontext():
-            if t.updates == "simultaneous":
-                # Both gradients at the step's starting weights, then both steps: D's gradients
-                # wait in D (frozen, untouched, through the G phase).
-                self.compute_gradients(self.d, 0)
-                self.compute_gradients(self.g, 1)
-                self.finish_step(self.d)
-                self.finish_step(self.g)
-            else:
-                if t.objective != "mle":
-                    for slot in range(t.d_steps_per_g_step):
-                        self.run_phase(self.d, slot)
-                if t.objective != "discriminator":
-                    self.run_phase(self.g, t.d_steps_per_g_step)
-            for phase in (self.d, self.g):
-                collectives.share_running_statistics(
-                    self.accelerator, phase.unwrapped, f"{phase.role} running statistics"
-                )
-        self.state.step += 1
-        self._steps_run += 1
-        HEARTBEAT.beat("end of step (agreement, log, eval, save)", self.state.step)
-        time_up, signalled = stop.result()
-        return "a stop signal" if signalled else "training.max_time" if time_up else None
 
     # -- the loop ----------------------------------------------------------------------------
     @watched

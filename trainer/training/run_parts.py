@@ -24,7 +24,7 @@ from trainer.contract.errors import CheckpointError, DataError
 from trainer.contract.schedules import build_scheduler
 from trainer.contract.task import Task
 from trainer.distributed import collectives, sharding
-from trainer.state import adapters, checkpoint, storage, weights
+from trainer.state import adapters, checkpoint, resuming, storage, weights
 from trainer.training.phases import Trainable, build_optimizer
 
 logger = get_logger("trainer")
@@ -213,7 +213,7 @@ def find_checkpoint(accelerator: Accelerator, which: str, output_dir: Path) -> P
     acc = accelerator
 
     def find() -> Path | None:
-        return checkpoint.resolve_resume(which, output_dir, verify=acc.is_main_process)
+        return resuming.resolve_resume(which, output_dir, verify=acc.is_main_process)
 
     path = collectives.agreed(acc, "finding the checkpoint", find)
     path = collectives.from_main_process(acc, path, "the checkpoint to resume from")
@@ -226,9 +226,9 @@ def resumed_config(accelerator: Accelerator, config: Config, path: Path) -> Conf
     """``config`` with the accumulation that continues the checkpoint at ``path`` on this number
     of processes (one line when it changes); a run that cannot continue it fails every rank."""
     t, acc = config.training, accelerator
-    shape = checkpoint.run_shape(config, acc.num_processes, sharding.is_sharded(acc))
+    shape = resuming.run_shape(config, acc.num_processes, sharding.is_sharded(acc))
     accumulation = collectives.agreed(
-        acc, "checking the checkpoint's run", lambda: checkpoint.resumed_accumulation(path, shape)
+        acc, "checking the checkpoint's run", lambda: resuming.resumed_accumulation(path, shape)
     )
     if accumulation == t.gradient_accumulation_steps:
         return config
