@@ -90,3 +90,9 @@ def test_the_earlier_module_names_still_import_the_modules_with_a_warning():
     from trainer.tasks import Task as earlier
 
     assert earlier is Task
+
+
+def test_no_module_is_over_350_lines():
+    folders = ("trainer", "scripts", "benchmarks", "research", "harness")
+    sizes = {path: len(path.read_text().splitlines()) for f in folders for path in (ROOT / f).rglob("*.py")}
+    assert sizes and not {str(p.relative_to(ROOT)): n for p, n in sizes.items() if n > 350}
