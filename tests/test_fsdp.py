@@ -112,9 +112,10 @@ def test_fsdp2_of_two_gpt2_models_is_the_ddp_run(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_the_gpu_config_rehearsed_on_cpu_is_the_ddp_run_in_bf16(tmp_path):
-    """8gpu_fsdp.yaml as shipped at 2 CPU processes: its bf16 (the launcher's, as the run says),
-    and both models read from a save_pretrained directory by rank 0 alone (its weights broadcast
-    to the others' shards), give the bf16 DDP run's losses to bf16's rounding."""
+    """8gpu_fsdp.yaml as shipped at 2 CPU processes: its bf16 (the launcher's, as the run says:
+    parameters gathered and gradients reduced in bf16 by accelerate's FSDP2 policy), and both
+    models read from a save_pretrained directory by rank 0 alone (its weights broadcast to the
+    others' shards), give the bf16 DDP run's losses to bf16's rounding."""
     pretrained = tmp_path / "pretrained"
     AutoModelForCausalLM.from_config(AutoConfig.for_model(**TINY_MODEL)).save_pretrained(pretrained)
     init = {"init": {"generator": str(pretrained), "discriminator": str(pretrained)}}
