@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import set_seed
 from tqdm.contrib.logging import logging_redirect_tqdm
@@ -40,7 +39,7 @@ from trainer.state.ema import GeneratorEma
 from trainer.training import batch_norm, run_parts
 from trainer.training.metrics import MetricsLog, finish_trackers, resolve_trackers, start_trackers
 from trainer.training.outputs import RunOutputs
-from trainer.training.phases import BatchStream, Phase, build_phases
+from trainer.training.phases import BatchStream, build_phases
 from trainer.training.step import OptimizerStep
 
 logger = get_logger("trainer")
@@ -64,17 +63,11 @@ class Trainer(OptimizerStep):
                 trainer.step()  # or train_step(), log(), run_eval(), save() one by one
     """
 
-    #: set by :meth:`start`: the accelerator, the two phases (model, optimizer, scheduler,
-    #: counters), the micro-batch stream, the run's counters, the checkpoints, the generator's
-    #: average (None without one), and what the run writes (its log, eval and exports)
-    accelerator: Accelerator
-    d: Phase
-    g: Phase
-    stream: BatchStream
-    state: TrainState
+    #: set by :meth:`start`, beside what :class:`OptimizerStep` lists (the accelerator, the two
+    #: phases, the micro-batch stream, the run's counters, what the run writes): the checkpoints
+    #: and the generator's average (None without one)
     checkpoints: Checkpoints
     ema: GeneratorEma | None
-    outputs: RunOutputs
 
     def __init__(
         self,

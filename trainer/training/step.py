@@ -27,7 +27,9 @@ class OptimizerStep:
     """The Trainer's step: :meth:`train_step` runs every phase of one optimizer step on every
     rank, in the same order, with the same number of micro-batches."""
 
-    #: the pieces the step reads, set by :meth:`Trainer.start`
+    #: the pieces the step reads, set by :meth:`Trainer.start`: the accelerator, the two phases
+    #: (model, optimizer, scheduler, counters), the micro-batch stream, the run's counters, and
+    #: what the run writes (its log, eval and exports)
     config: Config
     accelerator: Accelerator
     d: Phase
