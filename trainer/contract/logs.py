@@ -6,21 +6,32 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 from collections.abc import Iterator
 
 
 def configure_logging() -> None:
     """INFO lines with time and source; the trainer's own "saved ..." line stands for the
-    per-file lines of Accelerate's checkpointing, and transformers' save bars stay off."""
+    per-file lines of Accelerate's checkpointing, and transformers' bars stay off (see
+    :func:`quiet_transformers`)."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     for name in ("accelerate.checkpointing", "accelerate.accelerator"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    from transformers.utils import logging as transformers_logging
-
-    transformers_logging.disable_progress_bar()
+    quiet_transformers()
     # No bar per map and filter of every rank; read when datasets is imported, which costs
     # 2 s that a run without a text recipe need not pay.
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+
+
+def quiet_transformers() -> None:
+    """transformers' progress bars off (a load and a save bar on every rank) where transformers
+    is loaded. Importing it costs 0.8 s of CPU in every process, which a run whose models are
+    plain torch need not pay: the loop calls this again once the task's module is imported,
+    before the models are read."""
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
 
 
 def ensure_logging() -> None:

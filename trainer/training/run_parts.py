@@ -21,6 +21,7 @@ from trainer.contract.config import Config, InitSection, OptimizerSection, RunCo
 from trainer.contract.config.model_configs import is_model_source
 from trainer.contract.config.schema import to_mapping
 from trainer.contract.errors import CheckpointError, DataError
+from trainer.contract.logs import quiet_transformers
 from trainer.contract.schedules import build_scheduler
 from trainer.contract.task import Task
 from trainer.distributed import collectives, sharding
@@ -91,6 +92,7 @@ def read_inputs(task: Task, cfg: Config) -> tuple[nn.Module, nn.Module, Any, Any
     """The generator, the discriminator (each with its adapter, if any), the train set and
     the eval set; the task's frozen models are read too."""
     init, model, source = cfg.init, cfg.model, task.run.source
+    quiet_transformers()  # the task's module may have imported transformers
     generator = load_model(task, init.generator, "generator", task.build_generator)
     discriminator = load_model(task, init.discriminator, "discriminator", task.build_discriminator)
     # an adapter on a model the run trains (a frozen one would gain nothing from it)
