@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from trainer.contract.errors import UserError, print_error_line
+from trainer.contract.errors import ConfigError, UserError, print_error_line
 from trainer.contract.logs import configure_logging
 
 #: the default of --config: the oracle_text recipe (its paths are relative to the project root)
@@ -27,7 +27,9 @@ def parser(stage: int = 2) -> argparse.ArgumentParser:
         2: "Stage 2: adversarial training of a generator against a discriminator.",
     }[stage]
     p = argparse.ArgumentParser(prog=f"train_stage{stage}", description=description)
-    p.add_argument("--config", default=str(STAGE_CONFIGS[stage]), help="training config (YAML; default: %(default)s)")
+    p.add_argument(
+        "--config", default=str(STAGE_CONFIGS[stage]), help="training config (YAML; default: %(default)s of a checkout)"
+    )
     p.add_argument("--generator-config", help="generator model config (default: model.generator_config)")
     p.add_argument("--discriminator-config", help="discriminator model config (default: model.discriminator_config)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -77,6 +79,11 @@ def run_stage(args: argparse.Namespace, stage: int) -> int:
         from trainer.contract.config import DEBUG_OVERRIDES, DEBUG_SUFFIX, load_config
         from trainer.training.loop import Trainer
 
+        if args.config == str(STAGE_CONFIGS[stage]) and not Path(args.config).is_file():
+            raise ConfigError(
+                f"no --config given, and the default {args.config} is not in the working directory "
+                f"(the trainer's checkout has it): pass --config FILE"
+            )
         overrides, overwrite, suffix = args.overrides, args.overwrite, ""
         if args.debug:
             # outputs beside the configured ones (OUTPUT-debug), replaced by each debug run

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from trainer.contract.config import RunConfig, load_config, overridden_by_command_line, stage1_part_overrides
+from trainer.contract.config.loading import read_training_config
 from trainer.contract.config.overrides import override_mapping
-from trainer.contract.config.schema import read_yaml
 from trainer.distributed import collectives
 from trainer.training.loop import Trainer
 
@@ -88,7 +88,7 @@ def fit_stage1(
     common = override_mapping(overrides)
     # Each file is read once: the runs of both parts are built from what the first read.
     source = None if isinstance(config, dict) else str(config)
-    data = config if isinstance(config, dict) else read_yaml(config, "training config")
+    data = config if isinstance(config, dict) else read_training_config(config)
     models = (generator_config, discriminator_config)
     base = load_config(data, common, *models, output_dir, source=source, output_suffix=output_suffix)
     read = {base.generator_source: base.generator, base.discriminator_source: base.discriminator}

@@ -10,6 +10,7 @@ from typing import Any
 
 from trainer.contract.config.model_configs import GENERATOR_BODY, read_model_config
 from trainer.contract.config.overrides import override_mapping
+from trainer.contract.config.paths import resolve_paths
 from trainer.contract.config.schema import from_mapping, read_yaml
 from trainer.contract.config.sections import Config, RunConfig, check_override_key
 from trainer.contract.errors import ConfigError
@@ -29,6 +30,11 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> None:
         node[parts[-1]] = value
 
 
+def read_training_config(path: str | Path) -> dict[str, Any]:
+    """A training config file's mapping, its relative paths read beside it (see config/paths.py)."""
+    return resolve_paths(read_yaml(path, "training config"), Path(path))
+
+
 def load_config(
     config: str | Path | dict[str, Any],
     overrides: dict[str, Any] | list[str] | None = None,
@@ -41,8 +47,9 @@ def load_config(
     read_models: dict[str, dict[str, Any]] | None = None,
 ) -> RunConfig:
     """The resolved run: the training config and both model configs, read, overridden and
-    validated. Later settings win: the built-in defaults, ``config`` (a YAML file, or its
-    contents as a dict), ``overrides`` (dotted keys to values, or ``--set`` strings), then
+    validated. Later settings win: the built-in defaults, ``config`` (a YAML file, whose
+    relative paths are read beside it, or a dict, whose paths are the working directory's),
+    ``overrides`` (dotted keys to values, or ``--set`` strings), then
     ``generator_config``, ``discriminator_config`` and ``output_dir`` (the command line's flags).
 
     ``source``: the name errors give a dict ``config`` (its file, when it was read from one).
@@ -53,7 +60,7 @@ def load_config(
     if isinstance(config, dict):
         source, data = source or "the config dict", copy.deepcopy(config)
     else:
-        source, data = str(config), read_yaml(config, "training config")
+        source, data = str(config), read_training_config(config)
     overriding = override_mapping(overrides)
     apply_overrides(data, overriding)
     if output_dir is not None:
