@@ -108,9 +108,13 @@ def table(per_seed: list[dict[str, dict[str, float]]]) -> str:
     return "\n".join(lines)
 
 
+#: where the text recipe's figures against its frontier are
+TEXT_RESULTS = 'README.md, "Your own models and texts: the `text` recipe"'
+
+
 def frontier_report(runs: dict[int, tuple[dict, list]], out: Path) -> str:
     """Each seed's curves and its stage 2 against them, the plots, the count of seeds beyond."""
-    from trainer.commands.frontier import Point, curve_table, judge, plot, summary_line, verdict_line
+    from trainer.commands.frontier import Point, curve_table, judge, meaning_line, plot, summary_line, verdict_line
 
     lines, verdicts, drawn = [], [], []
     for seed, (rows, curves) in runs.items():
@@ -130,6 +134,7 @@ def frontier_report(runs: dict[int, tuple[dict, list]], out: Path) -> str:
         )
     lines.append(f"plots: {', '.join(map(str, drawn))}" if all(drawn) else "plots: not drawn (pip install matplotlib)")
     lines.append(summary_line(verdicts))
+    lines.append(meaning_line(verdicts, QUALITY, DIVERSITY, TEXT_RESULTS))
     return "\n".join(lines)
 
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from trainer.commands.frontier import Curve, Point, frontier_at, judge, plot, summary_line, verdict_line
+from trainer.commands.frontier import Curve, Point, frontier_at, judge, meaning_line, plot, summary_line, verdict_line
 
 # The stage-1 generator: nll_test is lowest at temperature 1, so the branch above 1 (worse
 # quality) and the branch below 1 both span 7.8..8.0; the continued one is better where it is.
@@ -54,6 +54,13 @@ def test_lines_and_plot(tmp_path):
     )
     assert verdict_line(verdicts[1], "nll_oracle", "nll_test").endswith("outside its range; beyond: no")
     assert summary_line(verdicts) == "beyond the frontier: 1 of 2 seeds"
+    # what it means for whoever ran the job, in one sentence, and where the figures are
+    page = 'README.md, "Stage-2 objectives against the frontier"'
+    said = meaning_line(verdicts, "nll_oracle", "nll_test", page)
+    assert said.startswith("what this means: 1 of 2 seeds' stage 2 reached better nll_oracle at its own nll_test")
+    assert said.endswith(f"does not pay reliably; the figures and what was tried: {page}") and said.count(". ") == 0
+    assert "no seed's stage 2" in meaning_line(verdicts[1:], "nll_oracle", "nll_test", page)
+    assert "here stage 2 paid" in meaning_line(verdicts[:1], "nll_oracle", "nll_test", page)
     path = plot(CURVES, {"seed 0": verdicts[0].point}, "nll_oracle", "nll_test", tmp_path / "frontier.png")
     assert path is not None and path.read_bytes()[:4] == b"\x89PNG"
 

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from trainer.commands.cli import main
 from trainer.commands.frontier import FRONTIER_TEMPERATURES, Curve, Point, judge, verdict_line
+from trainer.commands.oracle_report import ORACLE_RESULTS
 from trainer.tasks.oracle import OracleLSTM
 
 REFERENCE_ORACLE = ROOT.parent / "shared" / "data" / "seqgan_oracle.safetensors"
@@ -311,7 +312,8 @@ def test_main_job_runs_both_stages_and_prints_the_table_and_the_frontier(tmp_pat
         beyond += verdict.beyond
     assert verdicts[2] == f"plot: {tmp_path / 'job' / 'frontier.png'}"
     assert (tmp_path / "job" / "frontier.png").read_bytes()[:4] == b"\x89PNG"
-    assert verdicts[-1] == f"beyond the frontier: {beyond} of 2 seeds"
+    assert verdicts[-2] == f"beyond the frontier: {beyond} of 2 seeds"
+    assert verdicts[-1].startswith("what this means: ") and verdicts[-1].endswith(f"tried: {ORACLE_RESULTS}")
 
 
 @pytest.mark.timeout(300)
@@ -381,7 +383,7 @@ def test_bench_prints_both_stages_the_published_values_and_the_frontier_goal(tmp
     assert "published nll_oracle" in result.stdout
     curves, verdicts = frontier_lines(result.stdout)
     assert [p.temperature for p in curves[0].points] == list(FRONTIER_TEMPERATURES)  # run_oracle's default
-    met = verdicts[-1] == "beyond the frontier: 1 of 1 seeds"
+    met = verdicts[-2] == "beyond the frontier: 1 of 1 seeds"
     assert result.returncode == (0 if met else 1), result.stderr[-3000:]  # --goal
 
 

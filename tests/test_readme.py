@@ -190,7 +190,8 @@ def test_readme_command_runs(tmp_path, command):
     if "run_oracle" in command:
         assert "stage 2" in result.stdout
         assert (tmp_path / "out" / "stage2" / "final" / "generator" / "config.json").is_file()
-        assert result.stdout.strip().splitlines()[-1].startswith("beyond the frontier: ")
+        assert result.stdout.strip().splitlines()[-2].startswith("beyond the frontier: ")
+        assert result.stdout.strip().splitlines()[-1].startswith("what this means: ")
         # the first screen: the trainer's lines, no library table and no terminal escape code
         assert "\x1b[" not in result.stdout + result.stderr and "LOAD REPORT" not in result.stderr
         assert "discriminator: score head newly initialised; the rest from " in result.stderr
@@ -307,5 +308,6 @@ def test_readme_text_table(tmp_path, command, stage2_part, frontier):
     assert [float(row.split()[-3]) for row in stage1_rows] == temperatures, curves
     assert curves[1 + 2 * len(temperatures)].startswith("seed 0: frontier: stage 2 bleu4 ")
     assert (tmp_path / "seed-0" / "stage2-mle" / "final" / "generator" / "config.json").is_file()
-    assert rows[-2] == f"plots: {tmp_path / 'frontier-seed-0.png'}"
-    assert rows[-1] in ("beyond the frontier: 0 of 1 seeds", "beyond the frontier: 1 of 1 seeds")
+    assert rows[-3] == f"plots: {tmp_path / 'frontier-seed-0.png'}"
+    assert rows[-2] in ("beyond the frontier: 0 of 1 seeds", "beyond the frontier: 1 of 1 seeds")
+    assert rows[-1].startswith("what this means: ") and rows[-1].endswith('the `text` recipe"')

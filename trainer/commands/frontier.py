@@ -113,6 +113,23 @@ def summary_line(verdicts: Sequence[Verdict]) -> str:
     return f"beyond the frontier: {sum(v.beyond for v in verdicts)} of {len(verdicts)} seeds"
 
 
+def meaning_line(verdicts: Sequence[Verdict], quality: str, diversity: str, page: str) -> str:
+    """What :func:`summary_line` means for whoever ran the job, in one sentence, and where the
+    figures are (``page``)."""
+    beyond, seeds = sum(v.beyond for v in verdicts), len(verdicts)
+    against = (
+        f"better {quality} at its own {diversity} than the stage-1 generator (and the maximum-likelihood baseline, "
+        "where run) reach by sampling at another temperature, with no further training"
+    )
+    if beyond == seeds:
+        outcome = f"every seed's stage 2 reached {against}: here stage 2 paid"
+    elif beyond == 0:
+        outcome = f"no seed's stage 2 reached {against}: here stage 2 bought nothing a temperature does not"
+    else:
+        outcome = f"{beyond} of {seeds} seeds' stage 2 reached {against}: here stage 2 does not pay reliably"
+    return f"what this means: {outcome}; the figures and what was tried: {page}"
+
+
 def curve_table(curves: Sequence[Curve], quality: str, diversity: str) -> str:
     """Each curve's points as text."""
     lines = [f"{'generator':28} {'temperature':>11} {quality:>12} {diversity:>12}"]

@@ -11,7 +11,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.commands.frontier import Curve, Point, Verdict, curve_table, judge, plot, summary_line, verdict_line
+from trainer.commands.frontier import (
+    Curve,
+    Point,
+    Verdict,
+    curve_table,
+    judge,
+    meaning_line,
+    plot,
+    summary_line,
+    verdict_line,
+)
 from trainer.commands.stages import MLE_BASELINE
 from trainer.contract.config import load_config
 from trainer.contract.errors import ConfigError
@@ -197,6 +207,10 @@ def frontier_curves(
     return curves
 
 
+#: where the main job's figures, and every stage-2 objective tried against its frontier, are
+ORACLE_RESULTS = 'README.md, "Stage-2 objectives against the frontier"'
+
+
 def frontier_report(result: StageResult, curves: list[Curve], output_dir: Path) -> tuple[str, list[Verdict]]:
     """The curves, each stage-2 seed against the frontier (nll_oracle at its nll_test), the
     count of seeds beyond it, the plot's path; and the verdicts."""
@@ -215,4 +229,5 @@ def frontier_report(result: StageResult, curves: list[Curve], output_dir: Path) 
     path = plot(curves, seeds, "nll_oracle", "nll_test", output_dir / "frontier.png")
     lines.append(f"plot: {path}" if path else "plot: not drawn (pip install matplotlib, the plots extra)")
     lines.append(summary_line(verdicts))
+    lines.append(meaning_line(verdicts, "nll_oracle", "nll_test", ORACLE_RESULTS))
     return "\n".join(lines), verdicts
