@@ -15,7 +15,7 @@ from helpers import ROOT
 @pytest.mark.timeout(120)
 def test_the_wheel_holds_the_trainer_package_alone(tmp_path):
     source = tmp_path / "source"  # a copy: an in-tree build would leave build/ in the checkout
-    for name in ("setup.cfg", "pyproject.toml", "README.md"):
+    for name in ("setup.cfg", "pyproject.toml", "README.md", "LICENSE"):
         source.mkdir(exist_ok=True)
         shutil.copy(ROOT / name, source / name)
     for name in ("trainer", "harness"):
@@ -25,7 +25,9 @@ def test_the_wheel_holds_the_trainer_package_alone(tmp_path):
     assert built.returncode == 0, built.stderr
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert {name.split("/")[0] for name in names} == {"trainer", "trainer-0.1.0.dist-info"}
+    # the distribution's name is free on the package index; the import name stays trainer
+    assert {name.split("/")[0] for name in names} == {"trainer", "adversarial_trainer-0.1.0.dist-info"}
+    assert "adversarial_trainer-0.1.0.dist-info/licenses/LICENSE" in names
     assert {"trainer/training/loop.py", "trainer/tasks/oracle_text.py", "trainer/contract/config/sections.py"} <= set(
         names
     )
