@@ -80,6 +80,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--precision", default="no", choices=["no", "bf16"], help="both sides: fp32 or bf16 autocast")
     p.add_argument("--output-dir", default="outputs/bench_text")
+    p.add_argument(
+        "--vocabularies",
+        nargs="+",
+        type=int,
+        default=list(MEMORY_VOCABULARIES),
+        help="vocabularies of the generator phase's memory rows (default: %(default)s, Llama's and GPT-2's)",
+    )
     p.add_argument("--only", choices=["trainer", "trl", "sampling", "checkpoint", "memory"], help=argparse.SUPPRESS)
     p.add_argument("--size", choices=list(SIZES), help=argparse.SUPPRESS)
     p.add_argument("--checkpointing", action="store_true", help=argparse.SUPPRESS)
@@ -171,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     recompute = subprocess_run(args, "trainer", largest, "--checkpointing")
     print(f"{largest:6} trainer with model.gradient_checkpointing: peak {recompute['peak_mb']:.0f} MB, "
           f"{recompute['steps_per_s']:.3f} steps/s")  # fmt: skip
-    for vocab in MEMORY_VOCABULARIES:
+    for vocab in args.vocabularies:
         peaks = {f: subprocess_run(args, "memory", largest, "--vocab", str(vocab), "--forwards", f)["phase_peak_mb"]
                  for f in ("padded", "packed")}  # fmt: skip
         print(f"{largest:6} generator phase, shipped objective, vocabulary {vocab}: peak above its start "

@@ -80,7 +80,8 @@ def test_the_gpu_check_runs_its_parts_on_the_cpu(tmp_path):
     # every part of scripts/gpu_check.sh on the CPU over gloo, a few steps each; on a GPU the
     # same script runs them in bf16 over NCCL
     out = tmp_path / "gpu_check"
-    bench = "--sizes tiny --steps 2 --warmup 1 --rounds 1 --sampling-rounds 2 --threads 1"
+    # the memory rows at one vocabulary a tenth of GPT-2's (the GPU's at 32000 and 50257 take 28 s on the CPU)
+    bench = "--sizes tiny --steps 2 --warmup 1 --rounds 1 --sampling-rounds 2 --threads 1 --vocabularies 5000"
     environment = {**os.environ, "DEVICE": "cpu", "STEPS": "4", "OUT": str(out), "BENCH_ARGS": bench}
     # the text recipe's evals (each frontier point is one) on fewer texts, at fewer temperatures
     environment["TEXT_ARGS"] = "--set eval.batch_size=50 --set task_options.bleu_samples=20 --frontier 1.1 1 0.9"
@@ -103,11 +104,10 @@ def test_the_gpu_check_runs_its_parts_on_the_cpu(tmp_path):
     assert re.search(r"checkpoint save\+load: trainer [\d.]+ s", table), table
     # the trainer's flush of its files, timed inside its own saves
     assert re.search(r"flushing its files to disk before the rename that publishes them [\d.]+ s", table), table
-    # the bf16 text run's forwards took packed rows, and the generator phase's memory at two vocabularies
+    # the bf16 text run's forwards took packed rows, and the generator phase's memory rows
     assert "generator forwards (GPT2LMHeadModel): packed rows" in table, table
     assert "discriminator forwards (GPT2ForSequenceClassification): packed rows" in table, table
-    for vocabulary in (32000, 50257):
-        assert re.search(rf"vocabulary {vocabulary}: peak above its start \d+ MB before packing, \d+ MB packed", table)
+    assert re.search(r"vocabulary 5000: peak above its start \d+ MB before packing, \d+ MB packed", table), table
 
 
 def mixture_seeds(config: Path, output_dir: Path, *args: str) -> subprocess.CompletedProcess:

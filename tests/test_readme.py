@@ -16,7 +16,7 @@ from helpers import ROOT, env, free_port, records
 COVERED = {
     "python3 -m venv .venv && . .venv/bin/activate": ".ci/run",
     'pip install torch==2.13.0 && pip install -e ".[dev]"': ".ci/run",
-    "python -m pytest -q": ".ci/run",
+    "python -m pytest -q -n 2 --dist worksteal": ".ci/run",
     "accelerate launch --config_file accelerate_configs/8gpu.yaml scripts/train_stage2.py "
     "--config configs/training/ring.yaml --device cuda": "needs GPUs; the same path on CPUs is run below",
     "accelerate launch --config_file accelerate_configs/8gpu.yaml scripts/doctor.py "
@@ -158,6 +158,13 @@ def test_every_readme_command_is_run_or_covered():
     unknown = commands - set(COVERED) - set(RUN) - dependent
     assert not unknown, f"README commands neither run nor covered by a test: {sorted(unknown)}"
     assert dependent <= commands
+
+
+def test_ci_runs_the_readme_s_test_command():
+    # CI runs what the README tells a newcomer to run, word for word
+    test_command = "python -m pytest -q -n 2 --dist worksteal"
+    assert test_command in readme_commands()
+    assert test_command in (ROOT / ".ci" / "run").read_text().splitlines()
 
 
 def argv(command: str) -> list[str]:

@@ -202,8 +202,10 @@ def go_on_without_a_node(work: Path, processes: int) -> Outcome:
     label = "two elastic nodes (--nnodes 1:2), the node without the store lost, the other goes on"
     training = {"max_steps": 40, "save_every": 4, "eval_every": 1000, "log_every": 1}
     run = Run(work, 2 * processes, {"step_sleep_s": 0.05}, training=training)
-    # the re-formed group waits for a second node this long once it has one (torch's default: 30 s)
-    nodes = TwoNodes(run, max_restarts=1, nnodes="1:2", rdzv_conf="last_call_timeout=2")
+    # the group waits for a second node this long once it has one (torch's default: 30 s): at
+    # the start too, where 2 s let a loaded machine form the job of one node, the second agent
+    # still importing torch
+    nodes = TwoNodes(run, max_restarts=1, nnodes="1:2", rdzv_conf="last_call_timeout=5")
     agents = nodes.start("--resume", "latest")
     pids = run.rank_pids()
     first = run.out / "checkpoints" / "step-0000004"
