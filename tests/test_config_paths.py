@@ -14,6 +14,7 @@ import yaml
 from helpers import ROOT, TINY_DISCRIMINATOR, launch_env
 
 from harness.tiny import TINY_GENERATOR
+from trainer.commands.cli import main
 from trainer.contract.config import load_config
 from trainer.contract.config.paths import resolve
 from trainer.contract.errors import ConfigError
@@ -91,13 +92,22 @@ def test_a_missing_path_is_named_as_read_beside_the_config(tmp_path, monkeypatch
 
 
 def test_names_that_are_not_paths_stay_names(tmp_path):
-    base = tmp_path / "configs"
-    assert resolve("gpt2", "model.generator_config", base, "c.yaml") == "gpt2"  # a model id
-    assert resolve("org/model", "model.generator_config", base, "c.yaml") == "org/model"
-    assert resolve("generator", "model.discriminator_config", base, "c.yaml") == "generator"  # the body
-    assert resolve("imdb", "data.dataset", base, "c.yaml") == "imdb"
-    assert resolve("gen.yaml", "model.generator_config", base, "c.yaml") == str(base / "gen.yaml")
-    assert resolve("/abs/g.yaml", "model.generator_config", base, "c.yaml") == "/abs/g.yaml"
+    config = tmp_path / "configs" / "c.yaml"
+    assert resolve("gpt2", "model.generator_config", config) == "gpt2"  # a model id
+    assert resolve("org/model", "model.generator_config", config) == "org/model"
+    assert resolve("generator", "model.discriminator_config", config) == "generator"  # the body
+    assert resolve("imdb", "data.dataset", config) == "imdb"
+    assert resolve("gen.yaml", "model.generator_config", config) == str(tmp_path / "configs" / "gen.yaml")
+    assert resolve("/abs/g.yaml", "model.generator_config", config) == "/abs/g.yaml"
+
+
+def test_a_config_named_on_the_command_line_that_is_missing_is_named(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    # the checkout's default path, given explicitly: its own line, not the one for a missing --config
+    assert main(["--config", "configs/training/stage2.yaml"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error (rank 0): configs/training/stage2.yaml: training config file not found"
+    )
 
 
 def test_the_shipped_configs_read_their_files_from_any_directory(tmp_path, monkeypatch):

@@ -27,9 +27,7 @@ def parser(stage: int = 2) -> argparse.ArgumentParser:
         2: "Stage 2: adversarial training of a generator against a discriminator.",
     }[stage]
     p = argparse.ArgumentParser(prog=f"train_stage{stage}", description=description)
-    p.add_argument(
-        "--config", default=str(STAGE_CONFIGS[stage]), help="training config (YAML; default: %(default)s of a checkout)"
-    )
+    p.add_argument("--config", help=f"training config (YAML; default: a checkout's {STAGE_CONFIGS[stage]})")
     p.add_argument("--generator-config", help="generator model config (default: model.generator_config)")
     p.add_argument("--discriminator-config", help="discriminator model config (default: model.discriminator_config)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -79,9 +77,10 @@ def run_stage(args: argparse.Namespace, stage: int) -> int:
         from trainer.contract.config import DEBUG_OVERRIDES, DEBUG_SUFFIX, load_config
         from trainer.training.loop import Trainer
 
-        if args.config == str(STAGE_CONFIGS[stage]) and not Path(args.config).is_file():
+        config = args.config or STAGE_CONFIGS[stage]
+        if args.config is None and not config.is_file():
             raise ConfigError(
-                f"no --config given, and the default {args.config} is not in the working directory "
+                f"no --config given, and the default {config} is not in the working directory "
                 f"(the trainer's checkout has it): pass --config FILE"
             )
         overrides, overwrite, suffix = args.overrides, args.overwrite, ""
@@ -90,7 +89,7 @@ def run_stage(args: argparse.Namespace, stage: int) -> int:
             overrides, overwrite, suffix = [*DEBUG_OVERRIDES, *overrides], overwrite or not args.resume, DEBUG_SUFFIX
             _detect_anomalies()
         flags = {
-            "config": args.config,
+            "config": config,
             "overrides": overrides,
             "generator_config": args.generator_config,
             "discriminator_config": args.discriminator_config,
