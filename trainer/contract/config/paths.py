@@ -30,50 +30,43 @@ NAME_KEYS = frozenset({"model.tokenizer", "data.dataset"})
 MODEL_KEYS = frozenset({"model.generator_config", "model.discriminator_config"})
 
 
-def resolve_paths(data: dict[str, Any], config_file: Path) -> dict[str, Any]:
-    """``data``, a training config file's mapping, with each relative path under PATH_KEYS
-    (also in the ``stage1.<part>`` overrides) made relative to the file's directory."""
-    base = config_file.parent
-    resolved = _resolved(data, "", base, str(config_file))
-    stage1 = resolved.get("stage1")
-    if isinstance(stage1, dict):
-        for part in ("generator", "discriminator"):
-            if isinstance(stage1.get(part), dict):
-                stage1[part] = _resolved(stage1[part], "", base, str(config_file), f"stage1.{part}.")
-    return resolved
+#: where stage 1's overrides of each part live: their keys name the config's (``data.path``)
+STAGE1_PARTS = ("stage1.generator.", "stage1.discriminator.")
 
 
-def _resolved(mapping: dict[str, Any], prefix: str, base: Path, source: str, shown: str = "") -> dict[str, Any]:
-    """A copy of ``mapping`` (the keys below ``prefix``; dotted keys as in ``--set`` too) with
-    its paths resolved; ``shown`` goes before a key in the line that names it."""
+def resolve_paths(data: dict[str, Any], config_file: Path, prefix: str = "") -> dict[str, Any]:
+    """``data``, a training config file's mapping (or the part of it below ``prefix``; dotted
+    keys as in ``--set`` too), with each relative path under PATH_KEYS, also in the
+    ``stage1.<part>`` overrides, made relative to the file's directory."""
     resolved: dict[str, Any] = {}
-    for name, value in mapping.items():
+    for name, value in data.items():
         key = f"{prefix}{name}"
-        if isinstance(value, dict) and key != "model.peft":
-            resolved[name] = _resolved(value, f"{key}.", base, source, shown)
-        elif key in PATH_KEYS and isinstance(value, str):
-            resolved[name] = resolve(value, key, base, source, shown)
-        elif key in PATH_KEYS and isinstance(value, list):
-            resolved[name] = [resolve(str(item), key, base, source, shown) for item in value]
+        path_key = next((key.removeprefix(part) for part in STAGE1_PARTS if key.startswith(part)), key)
+        if isinstance(value, dict) and path_key != "model.peft":
+            resolved[name] = resolve_paths(value, config_file, f"{key}.")
+        elif path_key in PATH_KEYS and isinstance(value, str):
+            resolved[name] = resolve(value, path_key, config_file, key)
+        elif path_key in PATH_KEYS and isinstance(value, list):
+            resolved[name] = [resolve(str(item), path_key, config_file, key) for item in value]
         else:
             resolved[name] = value
     return resolved
 
 
-def resolve(value: str, key: str, base: Path, source: str, shown: str = "") -> str:
-    """Where the config at ``source`` (in directory ``base``) means ``value`` of ``key``: beside
-    it where it is there; else in the working directory where it is only there (said in one
-    line); else a name where the key takes one (a model id, a dataset); else beside it (where
-    the error that it is missing names it)."""
+def resolve(value: str, key: str, config_file: Path, shown: str = "") -> str:
+    """Where the config ``config_file`` means ``value`` of ``key`` (``shown``: the key as the
+    file spells it): beside the file where it is there; else in the working directory where it
+    is only there (said in one line); else a name where the key takes one (a model id, a
+    dataset); else beside the file (where the error that it is missing names it)."""
     if not value or Path(value).is_absolute() or (key == "model.discriminator_config" and value == GENERATOR_BODY):
         return value
-    beside = os.path.normpath(base / value)
+    beside = os.path.normpath(config_file.parent / value)
     if Path(beside).exists():
         return beside
     if Path(value).exists():
         if os.environ.get("RANK", "0") == "0":  # before any process group: one line, not one per rank
             logger.warning(
-                f"{source}: key '{shown}{key}': {value!r} is not beside the config ({beside} does not exist); "
+                f"{config_file}: key '{shown or key}': {value!r} is not beside the config ({beside} does not exist); "
                 "taken from the working directory (write it relative to the config's directory)"
             )
         return value
