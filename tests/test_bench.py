@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import ROOT
+from helpers import ROOT, records
 
 SIDES = ("trainer", "trl")
 
@@ -83,8 +83,8 @@ def test_the_gpu_check_runs_its_parts_on_the_cpu(tmp_path):
     # the memory rows at one vocabulary a tenth of GPT-2's (the GPU's at 32000 and 50257 take 28 s on the CPU)
     bench = "--sizes tiny --steps 2 --warmup 1 --rounds 1 --sampling-rounds 2 --threads 1 --vocabularies 5000"
     environment = {**os.environ, "DEVICE": "cpu", "STEPS": "4", "OUT": str(out), "BENCH_ARGS": bench}
-    # the text recipe's evals (each frontier point is one) on fewer texts, at fewer temperatures
-    environment["TEXT_ARGS"] = "--set eval.batch_size=50 --set task_options.bleu_samples=20 --frontier 1.1 1 0.9"
+    # the text recipe's evals (each frontier point is one) on fewer texts, at one temperature
+    environment["TEXT_ARGS"] = "--set eval.batch_size=50 --set task_options.bleu_samples=20 --frontier 1"
     environment["PYTHON"] = sys.executable
     done = subprocess.run(
         ["bash", str(ROOT / "scripts" / "gpu_check.sh")],
@@ -108,6 +108,11 @@ def test_the_gpu_check_runs_its_parts_on_the_cpu(tmp_path):
     assert "generator forwards (GPT2LMHeadModel): packed rows" in table, table
     assert "discriminator forwards (GPT2ForSequenceClassification): packed rows" in table, table
     assert re.search(r"vocabulary 5000: peak above its start \d+ MB before packing, \d+ MB packed", table), table
+    # part 3 is the README's table command (run_text.py --seeds 0, the shipped config): stage 2's
+    # reward parts, the table of the seed, its place against the frontier
+    assert all("reward" in record for record in records(out / "text" / "seed-0" / "stage2", "train"))
+    text = (out / "text.log").read_text()
+    assert "seeds 0: mean [min, max]" in text and "\nbeyond the frontier: " in text, text[-3000:]
 
 
 def mixture_seeds(config: Path, output_dir: Path, *args: str) -> subprocess.CompletedProcess:

@@ -49,6 +49,8 @@ COVERED = {
     'pip install -e ".[peft]"': ".ci/run installs the dev extra, which holds the peft extra's library",
     "python scripts/run_text.py --device cpu --stage2-config configs/training/text_stage2_spin.yaml": "the ddo "
     "command's path (test_readme_text_table); tests/test_text.py trains spin on texts",
+    "python scripts/run_text.py --device cpu --seeds 0": "scripts/gpu_check.sh's part 3, which tests/test_bench.py "
+    "runs with DEVICE=cpu and checks; test_readme_text_table runs its ddo form",
     "python benchmarks/bench_peft.py": "a benchmark (an hour on a 2-core CPU); tests/test_bench.py runs it at the "
     "tiny size",
     "python benchmarks/bench_peft.py --checkpointing": "a benchmark; tests/test_bench.py runs it at the tiny size",
@@ -64,7 +66,6 @@ TEXT_STAGE2 = (
     "scripts/train_stage2.py --config configs/training/text_stage2.yaml --device cpu"
 )
 
-TEXT_TABLE = "python scripts/run_text.py --device cpu --seeds 0"
 TEXT_DDO = "python scripts/run_text.py --device cpu --stage2-config configs/training/text_stage2_ddo.yaml"
 #: the text recipe at a tiny size: a few steps, a small eval
 TEXT_TINY = [
@@ -116,7 +117,6 @@ RUN = {
     "python scripts/run_oracle.py --device cpu": ORACLE_TINY,
     "python scripts/run_oracle.py --device cpu --stage2-config configs/training/stage2_ddo.yaml": ORACLE_TINY,
     "python scripts/run_oracle.py --device cpu --stage2-config configs/training/stage2_spin.yaml": ORACLE_TINY,
-    "python scripts/train_stage1.py --device cpu": ORACLE_TINY,
     "python scripts/train_stage2.py --config configs/training/ring.yaml --device cpu": RING_DEBUG,
     "python scripts/train_stage2.py --config configs/training/ring_pacgan.yaml --device cpu "
     "--set training.max_steps=20000": PACGAN_TINY,
@@ -144,6 +144,7 @@ def readme_commands() -> list[str]:
 def test_every_readme_command_is_run_or_covered():
     commands = set(readme_commands())
     dependent = {
+        "python scripts/train_stage1.py --device cpu",
         "python scripts/train_stage2.py --device cpu",
         "python scripts/train_stage2.py --config configs/training/ring.yaml --device cpu --resume latest",
         "python -m pdb scripts/train_stage2.py --config configs/training/ring.yaml --device cpu --debug",
@@ -152,7 +153,6 @@ def test_every_readme_command_is_run_or_covered():
         TEXT_EXAMPLE,
         TEXT_STAGE1,
         TEXT_STAGE2,
-        TEXT_TABLE,
         TEXT_DDO,
     }
     unknown = commands - set(COVERED) - set(RUN) - dependent
@@ -191,7 +191,7 @@ def run(command: str, *extra: str, stdin: str | None = None) -> subprocess.Compl
 @pytest.mark.parametrize("command", list(RUN))
 def test_readme_command_runs(tmp_path, command):
     extra = [*RUN[command], "--output-dir", str(tmp_path / "out")]
-    if "oracle" in command or "stage1" in command:
+    if "oracle" in command:
         extra.append(f"--set=data.cache_dir={tmp_path / 'cache'}")
     result = run(command, *extra)
     if "run_oracle" in command:
@@ -205,8 +205,6 @@ def test_readme_command_runs(tmp_path, command):
         if "--stage2-config" in command:  # ddo or spin: no discriminator phase
             train = records(tmp_path / "out" / "stage2", "train")
             assert all("log_ratio_real" in r and "d_loss" not in r for r in train)
-    elif "stage1" in command:
-        assert (tmp_path / "out" / "best" / "discriminator" / "config.json").is_file()
     elif "mixture_seeds" in command:
         variants = ["as_configured", "no_EMA"] if "--variant" in command else ["as_configured"]
         rows = [line.split()[0] for line in result.stdout.splitlines()[2:]]
@@ -223,6 +221,7 @@ def test_readme_command_runs(tmp_path, command):
 def test_readme_stage1_then_stage2_alone(tmp_path):
     cache = f"--set=data.cache_dir={tmp_path / 'cache'}"
     run("python scripts/train_stage1.py --device cpu", *ORACLE_TINY, cache, "--output-dir", str(tmp_path / "stage1"))
+    assert (tmp_path / "stage1" / "best" / "discriminator" / "config.json").is_file()
     init = [f"--set=init.{role}={tmp_path / 'stage1' / 'best' / role}" for role in ("generator", "discriminator")]
     run("python scripts/train_stage2.py --device cpu", *ORACLE_TINY, cache, *init, "--output-dir", str(tmp_path / "s2"))
     assert records(tmp_path / "s2", "eval")[-1]["num_samples"] == 40
@@ -285,15 +284,13 @@ def test_readme_text_example(tmp_path):
 
 
 @pytest.mark.timeout(450)
-@pytest.mark.parametrize(
-    ("command", "stage2_part", "frontier"),
-    [(TEXT_TABLE, "reward", []), (TEXT_DDO, "log_ratio_real", ["--frontier", "1.1", "1", "0.9"])],
-)
-def test_readme_text_table(tmp_path, command, stage2_part, frontier):
+def test_readme_text_table(tmp_path):
+    # the ddo form of the table's command; its plain form (the shipped config) is part 3 of
+    # scripts/gpu_check.sh, which tests/test_bench.py runs with DEVICE=cpu
     cache = f"--set=data.cache_dir={tmp_path / 'cache'}"
-    result = run(command, "--seeds", "0", *TEXT_TINY, *frontier, cache, "--output-dir", str(tmp_path))
+    result = run(TEXT_DDO, "--seeds", "0", *TEXT_TINY, cache, "--output-dir", str(tmp_path))
     # stage 2 ran the command's config (its loss parts), the baseline maximum likelihood only
-    assert all(stage2_part in record for record in records(tmp_path / "seed-0" / "stage2", "train"))
+    assert all("log_ratio_real" in record for record in records(tmp_path / "seed-0" / "stage2", "train"))
     assert all(
         set(record) & {"g_loss", "reward"} == {"g_loss"}
         for record in records(tmp_path / "seed-0" / "stage2-mle", "train")
@@ -302,11 +299,11 @@ def test_readme_text_table(tmp_path, command, stage2_part, frontier):
     assert rows[0] == "seeds 0: mean [min, max]" and rows[1].split() == ["nll_test", "bleu4", "self_bleu4"]
     assert [row[:7] for row in rows[2:4]] == ["stage 1", "stage 2"]
     assert "seed 0, stage2, step-0000002.txt:" in result.stdout
-    # The frontier: stage 1 and the maximum-likelihood baseline at each temperature (--frontier,
-    # or the default's), the verdict.
+    # The frontier: stage 1 and the maximum-likelihood baseline at each of the default
+    # temperatures, the verdict.
     from trainer.commands.frontier import FRONTIER_TEMPERATURES
 
-    temperatures = [float(t) for t in frontier[1:]] or list(FRONTIER_TEMPERATURES)
+    temperatures = list(FRONTIER_TEMPERATURES)
     curves = result.stdout.split("seed 0, the frontier:\n")[1].splitlines()
     assert curves[0].split() == ["generator", "temperature", "bleu4", "self_bleu4"]
     stage1_rows, mle_rows = curves[1 : 1 + len(temperatures)], curves[1 + len(temperatures) : 1 + 2 * len(temperatures)]
