@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 METRICS = ("modes", "high_quality", "reverse_kl")
 #: PacGAN's best row per mixture: modes, high-quality share, reverse KL
 PACGAN = {"ring": ("PacGAN2", 7.9, 0.956, 0.07), "grid": ("PacGAN4", 24.8, 0.936, 0.04)}
-#: glibc keeps freed tensors instead of faulting them in again each step (see README, Benchmark)
+#: glibc keeps freed tensors instead of faulting them in again each step (see docs/results/benchmarks.md)
 KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": "1073741824", "MALLOC_TRIM_THRESHOLD_": "1073741824"}
 
 

@@ -109,7 +109,7 @@ def table(per_seed: list[dict[str, dict[str, float]]]) -> str:
 
 
 #: where the text recipe's figures against its frontier are
-TEXT_RESULTS = 'README.md, "Your own models and texts: the `text` recipe"'
+TEXT_RESULTS = 'docs/own-models.md, "Your own models and texts: the `text` recipe"'
 
 
 def frontier_report(runs: dict[int, tuple[dict, list]], out: Path) -> str:

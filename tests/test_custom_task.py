@@ -1,4 +1,4 @@
-"""The README's own-task example runs as written, in 2 processes."""
+"""The own-task example of docs/own-task.md runs as written, in 2 processes."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import yaml
 from helpers import ROOT, check, launch, records
 
 
-def readme_blocks() -> dict[str, str]:
-    text = (ROOT / "README.md").read_text()
+def page_blocks() -> dict[str, str]:
+    text = (ROOT / "docs" / "own-task.md").read_text()
     found = re.findall(r"<!-- example: (\S+) -->\n```\w+\n(.*?)```", text, flags=re.S)
     return dict(found)
 
 
 @pytest.mark.timeout(300)
-def test_readme_custom_task_runs_in_two_processes(tmp_path, monkeypatch):
-    blocks = readme_blocks()
+def test_the_own_task_page_s_example_runs_in_two_processes(tmp_path, monkeypatch):
+    blocks = page_blocks()
     assert set(blocks) == {"my_tasks.py", "two_peaks.yaml", "width.yaml"}
     for name, text in blocks.items():
         (tmp_path / name).write_text(text)

@@ -55,7 +55,7 @@ def test_lines_and_plot(tmp_path):
     assert verdict_line(verdicts[1], "nll_oracle", "nll_test").endswith("outside its range; beyond: no")
     assert summary_line(verdicts) == "beyond the frontier: 1 of 2 seeds"
     # what it means for whoever ran the job, in one sentence, and where the figures are
-    page = 'README.md, "Stage-2 objectives against the frontier"'
+    page = 'docs/results/oracle.md, "Stage-2 objectives against the frontier"'
     said = meaning_line(verdicts, "nll_oracle", "nll_test", page)
     assert said.startswith("what this means: 1 of 2 seeds' stage 2 reached better nll_oracle at its own nll_test")
     assert said.endswith(f"does not pay reliably; the figures and what was tried: {page}") and said.count(". ") == 0

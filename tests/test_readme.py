@@ -1,5 +1,5 @@
-"""The README as a newcomer's path: every shell command it shows is run here (shrunk to a few
-steps by extra flags) or named with the test or script that runs it."""
+"""The README and the pages of docs/ as a newcomer's path: every shell command they show is run
+here (shrunk to a few steps by extra flags) or named with the test or script that runs it."""
 
 from __future__ import annotations
 
@@ -15,6 +15,14 @@ from helpers import ROOT, env, free_port, records
 #: commands run elsewhere, and where
 COVERED = {
     "python3 -m venv .venv && . .venv/bin/activate": ".ci/run",
+    "pip install torch && pip install -e .": "a GPU machine's install (a CUDA build of torch, about 3 GB); .ci/run "
+    "installs the CPU build and the package",
+    "accelerate launch --config_file accelerate_configs/8gpu.yaml scripts/run_oracle.py --device cuda": "needs "
+    "GPUs; the same launch on 2 CPU processes is run below",
+    "python scripts/train_stage2.py --config examples/my_model.yaml --device cpu": "tests/test_docs.py trains "
+    "examples/my_model.yaml on the offline text example",
+    "python scripts/run_oracle.py --device cpu --stage2-config configs/training/stage2_spin.yaml": "the ddo "
+    "command's path (run below); tests/test_likelihood_ratio.py trains spin",
     'pip install torch==2.13.0 && pip install -e ".[dev]"': ".ci/run",
     "python -m pytest -q -n 2 --dist worksteal": ".ci/run",
     "accelerate launch --config_file accelerate_configs/8gpu.yaml scripts/train_stage2.py "
@@ -116,7 +124,8 @@ RUN = {
     "--output-dir outputs/pacgan_short/grid": [*MIXTURE_TINY, "--set", "data.train_size=4000"],
     "python scripts/run_oracle.py --device cpu": ORACLE_TINY,
     "python scripts/run_oracle.py --device cpu --stage2-config configs/training/stage2_ddo.yaml": ORACLE_TINY,
-    "python scripts/run_oracle.py --device cpu --stage2-config configs/training/stage2_spin.yaml": ORACLE_TINY,
+    "accelerate launch --config_file accelerate_configs/8gpu.yaml --num_processes 2 --mixed_precision no "
+    "scripts/run_oracle.py --device cpu": ORACLE_TINY,
     "python scripts/train_stage2.py --config configs/training/ring.yaml --device cpu": RING_DEBUG,
     "python scripts/train_stage2.py --config configs/training/ring_pacgan.yaml --device cpu "
     "--set training.max_steps=20000": PACGAN_TINY,
@@ -130,10 +139,16 @@ RUN = {
 }
 
 
+#: the README and every page of the docs site
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
 def readme_commands() -> list[str]:
-    """The shell commands of the README's bash blocks, continuation lines joined, comments dropped."""
+    """The shell commands of the bash blocks of the README and the pages, continuation lines
+    joined, comments dropped."""
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S):
+    text = "".join(page.read_text() for page in PAGES)
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in block.replace("\\\n", " ").splitlines():
             line = re.sub(r"\s+", " ", line.split(" # ")[0]).strip()
             if line and not line.startswith("#"):
@@ -156,7 +171,7 @@ def test_every_readme_command_is_run_or_covered():
         TEXT_DDO,
     }
     unknown = commands - set(COVERED) - set(RUN) - dependent
-    assert not unknown, f"README commands neither run nor covered by a test: {sorted(unknown)}"
+    assert not unknown, f"commands of the README or docs/ neither run nor covered by a test: {sorted(unknown)}"
     assert dependent <= commands
 
 
@@ -196,6 +211,8 @@ def test_readme_command_runs(tmp_path, command):
     result = run(command, *extra)
     if "run_oracle" in command:
         assert "stage 2" in result.stdout
+        processes = 2 if "launch" in command else 1
+        assert {r["world_size"] for r in records(tmp_path / "out" / "stage2")} == {processes}
         assert (tmp_path / "out" / "stage2" / "final" / "generator" / "config.json").is_file()
         assert result.stdout.strip().splitlines()[-2].startswith("beyond the frontier: ")
         assert result.stdout.strip().splitlines()[-1].startswith("what this means: ")

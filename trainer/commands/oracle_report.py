@@ -176,7 +176,7 @@ def oracle_table(result: StageResult, published: bool) -> str:
     if len(runs) == 1:
         lines.append(
             "one seed: stage 2 from the same stage-1 pair moves nll_oracle by several percent from one "
-            "seed to the next (README, oracle_text); --stage2-seeds 3 runs three"
+            "seed to the next (docs/results/oracle.md); --stage2-seeds 3 runs three"
         )
     return "\n".join(lines)
 
@@ -208,7 +208,7 @@ def frontier_curves(
 
 
 #: where the main job's figures, and every stage-2 objective tried against its frontier, are
-ORACLE_RESULTS = 'README.md, "Stage-2 objectives against the frontier"'
+ORACLE_RESULTS = 'docs/results/oracle.md, "Stage-2 objectives against the frontier"'
 
 
 def frontier_report(result: StageResult, curves: list[Curve], output_dir: Path) -> tuple[str, list[Verdict]]:

@@ -1,0 +1,78 @@
+"""The docs: the site builds in strict mode (a broken link or anchor fails it), the README stays
+short, and its own-model config trains as written."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import ROOT, check, launch, records
+
+
+def build_site(source: Path, site: Path) -> subprocess.CompletedProcess:
+    """``mkdocs build --strict`` of the site whose mkdocs.yml lies in ``source``."""
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=source, capture_output=True, text=True, timeout=120, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )  # fmt: skip
+
+
+@pytest.mark.timeout(150)
+def test_the_docs_site_builds_in_strict_mode(tmp_path):
+    built = build_site(ROOT, tmp_path / "site")
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert (tmp_path / "site" / "getting-started" / "index.html").is_file()
+
+
+@pytest.mark.timeout(150)
+def test_a_broken_link_or_anchor_fails_the_build(tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(ROOT / "docs", copy / "docs")
+    shutil.copy(ROOT / "mkdocs.yml", copy)
+    for name in ("README.md", "LICENSE"):  # what snippets may include
+        shutil.copy(ROOT / name, copy)
+    page = copy / "docs" / "getting-started.md"
+    page.write_text(page.read_text() + "\n[a](launching.md#no-such-section), [b](no-such-page.md)\n")
+    built = build_site(copy, tmp_path / "site")
+    assert built.returncode != 0
+    assert "does not contain an anchor '#no-such-section'" in built.stderr, built.stderr
+    assert "'no-such-page.md', but the target is not found" in built.stderr, built.stderr
+
+
+def test_the_readme_is_at_most_250_lines_and_links_every_page():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+    pages = set(re.findall(r"'([\w/-]+\.md)'", str(nav))) - {"index.md"}
+    linked = set(re.findall(r"\]\(docs/([\w/-]+\.md)\)", readme))
+    assert pages and pages <= linked, sorted(pages - linked)
+    # every file in docs/ a link may reach is in the site's nav
+    assert {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")} == pages | {"index.md"}
+
+
+@pytest.mark.timeout(300)
+def test_the_readme_s_own_model_config_trains(tmp_path):
+    """examples/my_model.yaml as the README shows it, beside texts of its own, on the offline
+    example's GPT-2 in place of the model id: two steps and an eval."""
+    example = (ROOT / "examples" / "my_model.yaml").read_text()
+    shown = re.search(
+        r"<!-- example: examples/my_model.yaml -->\n```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.S
+    )
+    assert shown and shown[1] == example
+    make = [sys.executable, str(ROOT / "scripts" / "make_text_example.py"), str(tmp_path / "text_example")]
+    check(subprocess.run(make, capture_output=True, text=True, timeout=120))
+    for name in ("texts.jsonl", "eval.jsonl"):  # the config names them beside itself
+        shutil.copy(tmp_path / "text_example" / name, tmp_path / name)
+    (tmp_path / "my_model.yaml").write_text(example)
+    short = ["--set=training.max_steps=2", "--set=training.eval_every=2", "--set=eval.batch_size=20"]
+    model = f"--set=model.generator_config={tmp_path / 'text_example' / 'gpt2'}"
+    args = ["--config", str(tmp_path / "my_model.yaml"), "--device", "cpu", model, *short]
+    result = check(launch([*args, "--output-dir", str(tmp_path / "out")], 1))
+    assert "discriminator: score head newly initialised; the rest from " in result.stderr
+    assert [r["step"] for r in records(tmp_path / "out", "eval")] == [2]
