@@ -208,8 +208,11 @@ def every_rank_says(stderr: str, processes: int, text: str) -> bool:
 
 
 def start_long_run(work: Path, processes: int, **sections: Any) -> tuple[Run, subprocess.Popen, dict[int, int]]:
-    """A run that would go on for hours, once every rank is training."""
-    training = {"max_steps": 100000, "save_every": 100000}
+    """A run that would go on for hours, once every rank is training. It neither evaluates nor
+    saves: its faults land mid-step, where the watchdog's bound is ``watchdog_s`` (a peer that
+    waits for the main process's writes of an eval has ten times that bound, the long-work
+    allowance: a rank frozen then was seen after 52.9 s)."""
+    training = {"max_steps": 100000, "save_every": 100000, "eval_every": 100000}
     run = Run(work, processes, {"step_sleep_s": 0.02}, training=training, **sections)
     proc = run.start()
     pids = run.rank_pids()
