@@ -64,36 +64,36 @@ def measure(args: argparse.Namespace, variant: str) -> dict[str, float]:
     from trainer.training.loop import Trainer
 
     paths = write_models(Path(args.output_dir), args.size)
-    run_dir = Path(tempfile.mkdtemp(prefix=f"bench_peft_{variant}_"))
-    overrides = {
-        "output_dir": str(run_dir),
-        "model.generator_config": str(paths["generator"]),
-        "model.discriminator_config": str(paths["discriminator"]),
-        "data.train_files": str(paths["train"]),
-        "data.eval_files": str(paths["eval"]),
-        "data.cache_dir": str(run_dir / "cache"),
-        "training.log_with": ["none"],
-        "training.eval_every": 10**6,
-        "training.save_every": 10**6,
-        "training.log_every": 10**6,
-        "training.max_steps": 10**6,
-        "model.gradient_checkpointing": args.checkpointing,
-        **VARIANTS[variant],
-    }
-    config = load_config(str(ROOT / "configs" / "training" / "text_stage2.yaml"), overrides=overrides)
-    with Trainer(config, device=args.device).start() as trainer:
-        for _ in range(args.warmup):
-            trainer.train_step()
-        start = time.perf_counter()
-        for _ in range(args.steps):
-            trainer.train_step()
-        seconds = time.perf_counter() - start
-        trained = sum(
-            p.numel()
-            for model in (trainer.g.unwrapped, trainer.d.unwrapped)
-            for p in model.parameters()
-            if p.requires_grad
-        )
+    with tempfile.TemporaryDirectory(prefix=f"bench_peft_{variant}_") as run_dir:
+        overrides = {
+            "output_dir": run_dir,
+            "model.generator_config": str(paths["generator"]),
+            "model.discriminator_config": str(paths["discriminator"]),
+            "data.train_files": str(paths["train"]),
+            "data.eval_files": str(paths["eval"]),
+            "data.cache_dir": str(Path(run_dir) / "cache"),
+            "training.log_with": ["none"],
+            "training.eval_every": 10**6,
+            "training.save_every": 10**6,
+            "training.log_every": 10**6,
+            "training.max_steps": 10**6,
+            "model.gradient_checkpointing": args.checkpointing,
+            **VARIANTS[variant],
+        }
+        config = load_config(str(ROOT / "configs" / "training" / "text_stage2.yaml"), overrides=overrides)
+        with Trainer(config, device=args.device).start() as trainer:
+            for _ in range(args.warmup):
+                trainer.train_step()
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                trainer.train_step()
+            seconds = time.perf_counter() - start
+            trained = sum(
+                p.numel()
+                for model in (trainer.g.unwrapped, trainer.d.unwrapped)
+                for p in model.parameters()
+                if p.requires_grad
+            )
     return {
         "steps_per_s": args.steps / seconds,
         "peak_mb": peak_memory_mb(torch.device(args.device)),

@@ -274,14 +274,19 @@ def test_mixture_seeds_stops_when_a_seed_stops_before_its_end(tmp_path):
 def test_bench_peft_prints_each_variant_and_the_ratios(tmp_path):
     pytest.importorskip("peft")
     command = [sys.executable, str(ROOT / "benchmarks" / "bench_peft.py"), "--size", "tiny", "--steps", "1"]
-    command += ["--warmup", "0", "--output-dir", str(tmp_path)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=280)
+    command += ["--warmup", "0", "--output-dir", str(tmp_path / "out")]
+    temporary = tmp_path / "tmp"  # each variant's run directory is removed when it ends
+    temporary.mkdir()
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=280, env={**os.environ, "TMPDIR": str(temporary)}
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines()[1:-1]}
     assert list(rows) == ["full", "lora", "lora-both"], done.stdout
     trained = [int(rows[v][2].replace(",", "")) for v in rows]
     assert trained[0] > trained[1] > trained[2] > 0  # the adapters train far fewer weights
     assert re.fullmatch(r"ratio lora/full: memory [\d.]+, steps/s [\d.]+", done.stdout.splitlines()[-1])
+    assert not list(temporary.iterdir())
 
 
 def test_bench_text_counts_each_second_of_a_step_once_in_its_innermost_part(monkeypatch):
