@@ -4,8 +4,8 @@ import sys
 # One thread per process: the tests launch several processes on a small machine.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The suite launches some 800 Python processes. Where the environment turns bytecode caching off
-# (PYTHONDONTWRITEBYTECODE), each would compile the project's modules again: 10% of the suite's
-# CPU on a 2-core machine. The caches go to __pycache__/, which git ignores.
+# (PYTHONDONTWRITEBYTECODE), each would compile the project's modules again (10% of the CPU of
+# two test files, measured on a 2-core machine). The caches go to __pycache__/, which git ignores.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 

@@ -21,8 +21,6 @@ COVERED = {
     "GPUs; the same launch on 2 CPU processes is run below",
     "python scripts/train_stage2.py --config examples/my_model.yaml --device cpu": "tests/test_docs.py trains "
     "examples/my_model.yaml on the offline text example",
-    "python scripts/run_oracle.py --device cpu --stage2-config configs/training/stage2_spin.yaml": "the ddo "
-    "command's path (run below); tests/test_likelihood_ratio.py trains spin",
     'pip install torch==2.13.0 && pip install -e ".[dev]"': ".ci/run",
     "python -m pytest -q -n 2 --dist worksteal": ".ci/run",
     "accelerate launch --config_file accelerate_configs/8gpu.yaml scripts/train_stage2.py "
@@ -124,6 +122,7 @@ RUN = {
     "--output-dir outputs/pacgan_short/grid": [*MIXTURE_TINY, "--set", "data.train_size=4000"],
     "python scripts/run_oracle.py --device cpu": ORACLE_TINY,
     "python scripts/run_oracle.py --device cpu --stage2-config configs/training/stage2_ddo.yaml": ORACLE_TINY,
+    "python scripts/run_oracle.py --device cpu --stage2-config configs/training/stage2_spin.yaml": ORACLE_TINY,
     "accelerate launch --config_file accelerate_configs/8gpu.yaml --num_processes 2 --mixed_precision no "
     "scripts/run_oracle.py --device cpu": ORACLE_TINY,
     "python scripts/train_stage2.py --config configs/training/ring.yaml --device cpu": RING_DEBUG,
@@ -147,7 +146,7 @@ def readme_commands() -> list[str]:
     """The shell commands of the bash blocks of the README and the pages, continuation lines
     joined, comments dropped."""
     commands = []
-    text = "".join(page.read_text() for page in PAGES)
+    text = "\n".join(page.read_text() for page in PAGES)
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in block.replace("\\\n", " ").splitlines():
             line = re.sub(r"\s+", " ", line.split(" # ")[0]).strip()
