@@ -12,18 +12,34 @@ plain tensor's value.
 from __future__ import annotations
 
 import contextlib
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import fsdp2_prepare_model, load_fsdp_model, save_fsdp_model
 from torch import nn
-from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
 
 from trainer.contract.config import Config
 from trainer.contract.errors import ConfigError
 from trainer.contract.logs import without_log_records
+
+#: torch's modules of FSDP2, DTensor and the distributed checkpoint, which the trainer does not
+#: import itself: they cost about 0.9 s of CPU in each process (measured on a 2-core machine),
+#: and a process that stops before its first optimizer step (a bad config, a missing file, the
+#: doctor) need not pay it. accelerate imports them for a sharded run, torch's compiler (which
+#: the optimizers import) for every run that trains.
+NOT_IMPORTED = ("torch.distributed.fsdp", "torch.distributed.tensor", "torch.distributed.checkpoint")
+
+
+def imported(name: str) -> ModuleType | None:
+    """torch's module ``name`` (one of :data:`NOT_IMPORTED`) once the process has imported it,
+    else None: until then no module is sharded, no tensor is a DTensor and no distributed
+    checkpoint has raised (a submodule's import imports its package first)."""
+    if name not in NOT_IMPORTED:
+        raise ValueError(f"{name} is imported where it is needed")
+    return sys.modules.get(name)
 
 
 def is_sharded(accelerator: Accelerator) -> bool:
@@ -40,8 +56,11 @@ def reshard(model: nn.Module) -> None:
     phase, the eval), so whoever reads the parameters directly (the average's update) calls
     this first: it meets the shards, not the gathered tensors. State dicts need no call: torch
     reshards before it writes one."""
+    fsdp = imported("torch.distributed.fsdp")
+    if fsdp is None:
+        return
     for module in model.modules():
-        if isinstance(module, FSDPModule):
+        if isinstance(module, fsdp.FSDPModule):
             module.reshard()
 
 
@@ -70,6 +89,8 @@ def shard_like_prepared(accelerator: Accelerator, module: nn.Module) -> nn.Modul
 
 def describe(accelerator: Accelerator, models: dict[str, nn.Module]) -> str:
     """One line: how each model is sharded (its groups: one all-gather each per forward)."""
+    from torch.distributed.fsdp import FSDPModule
+
     groups = ", ".join(
         f"the {role} in {sum(isinstance(m, FSDPModule) for m in model.modules())} group(s)"
         for role, model in models.items()
@@ -82,7 +103,8 @@ def describe(accelerator: Accelerator, models: dict[str, nn.Module]) -> str:
 def value(tensor: torch.Tensor) -> float:
     """A scalar's value; a DTensor's (a sum of shards: partial on each rank) reduced over the
     ranks first, which is a collective: every rank calls it at the same point."""
-    if isinstance(tensor, DTensor):
+    dtensor = imported("torch.distributed.tensor")
+    if dtensor is not None and isinstance(tensor, dtensor.DTensor):
         tensor = tensor.full_tensor()
     return float(tensor)
 

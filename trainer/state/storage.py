@@ -12,9 +12,8 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from torch.distributed.checkpoint import CheckpointException
-
 from trainer.contract.errors import UserError
+from trainer.distributed import sharding
 
 #: below this many bytes free after a failed write, the write is taken to have filled the disk
 #: (a write that fails for another reason leaves the disk as it found it, rarely this full)
@@ -40,6 +39,13 @@ def free_mb(path: Path) -> float:
     return shutil.disk_usage(existing_ancestor(path)).free / 2**20
 
 
+def distributed_checkpoint_errors() -> tuple[type[BaseException], ...]:
+    """The error of torch's distributed checkpoint (a BaseException that gathers each rank's)
+    once a sharded run has imported it; before, none can be raised."""
+    module = sharding.imported("torch.distributed.checkpoint")
+    return (module.CheckpointException,) if module else ()
+
+
 def os_errors(exc: BaseException) -> Iterator[OSError]:
     """The OSErrors with an errno among ``exc``, the exceptions it was raised from, and each
     rank's error a distributed checkpoint (FSDP2's) gathered into its CheckpointException."""
@@ -52,7 +58,7 @@ def os_errors(exc: BaseException) -> Iterator[OSError]:
         seen.add(id(exc))
         if isinstance(exc, OSError) and exc.errno is not None:
             yield exc
-        if isinstance(exc, CheckpointException):
+        if isinstance(exc, distributed_checkpoint_errors()):
             pending.extend(failure for failure, _ in exc.failures.values())
         pending.append(exc.__cause__ or exc.__context__)
 
@@ -98,7 +104,9 @@ def writing(path: Path, root: Path, kept: Callable[[], str]) -> Iterator[None]:
         yield
     except UserError:
         raise
-    except (Exception, CheckpointException) as exc:  # torch's distributed checkpoint raises a BaseException
+    except BaseException as exc:
+        if not isinstance(exc, (Exception, *distributed_checkpoint_errors())):
+            raise  # KeyboardInterrupt, SystemExit
         what = fault(exc, path, root)
         if what is None:
             raise
