@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from trainer.commands.cli import exit_command  # noqa: E402
 from trainer.commands.frontier import add_frontier_option  # noqa: E402
+from trainer.contract.devices import DEVICE_HELP, DEVICES  # noqa: E402
 from trainer.contract.logs import configure_logging  # noqa: E402
 
 METRICS = ("nll_test", "bleu4", "self_bleu4")
@@ -43,7 +44,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="run_text", description=__doc__.split("\n\n")[0])
     p.add_argument("--output-dir", default="outputs/text_runs")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--device", default="auto", choices=DEVICES, help=DEVICE_HELP)
     p.add_argument(
         "--stage2-config",
         default="configs/training/text_stage2.yaml",

@@ -1,8 +1,9 @@
 """The docs: the site builds in strict mode (a broken link or anchor fails it), the README stays
-short, and its own-model config trains as written."""
+short, its own-model config trains as written, and the reference pages are what the code makes."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -13,6 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers import ROOT, check, launch, records
+
+from trainer.commands import reference
 
 
 def build_site(source: Path, site: Path) -> subprocess.CompletedProcess:
@@ -77,3 +80,34 @@ def test_the_readme_s_own_model_config_trains(tmp_path):
     result = check(launch([*args, "--output-dir", str(tmp_path / "out")], 1))
     assert "discriminator: score head newly initialised; the rest from " in result.stderr
     assert [r["step"] for r in records(tmp_path / "out", "eval")] == [2]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", list(reference.PAGES))
+def test_each_reference_page_is_what_the_code_makes(name):
+    """docs/reference/: the config keys from the dataclasses, the commands from their --help;
+    rewrite them with ``python -m trainer.commands.reference``."""
+    made = reference.PAGES[name]().rstrip() + "\n"
+    assert (ROOT / "docs" / "reference" / name).read_text() == made, f"docs/reference/{name} is out of date"
+
+
+def test_a_config_key_without_a_comment_fails_the_reference():
+    @dataclasses.dataclass
+    class Section:
+        #: documented
+        shown: int = 1
+        hidden: str = ""
+
+    with pytest.raises(ValueError, match="Section.hidden has no #: comment"):
+        list(reference.rows(Section))
+
+
+def test_the_config_reference_lists_every_key_with_its_default():
+    page = reference.config_page()
+    assert "| `training.max_steps` | int | `1000` | generator optimizer steps |" in page
+    assert "| `optim.generator.betas` | list of float | `[0.5, 0.999]` |" in page
+    assert '| `training.loss` | `"non_saturating"` \\| `"hinge"` \\| `"least_squares"` \\| `"wasserstein"` |' in page
+    assert '| `data.train_files` | str or list of str | `""` |' in page
+    keys = set(re.findall(r"^\| `([\w.]+)` \|", page, re.M))
+    assert {"distributed.stop_grace_s", "stage1.discriminator_from_generator", "task_options.packing"} <= keys
+    assert {"task_options.seq_len", "task_options.max_new_tokens", "task_options.generator_objective"} <= keys

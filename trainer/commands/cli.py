@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from trainer.contract.devices import DEVICE_HELP, DEVICES
 from trainer.contract.errors import ConfigError, UserError, print_error_line
 from trainer.contract.logs import configure_logging
 
@@ -30,7 +31,7 @@ def parser(stage: int = 2) -> argparse.ArgumentParser:
     p.add_argument("--config", help=f"training config (YAML; default: a checkout's {STAGE_CONFIGS[stage]})")
     p.add_argument("--generator-config", help="generator model config (default: model.generator_config)")
     p.add_argument("--discriminator-config", help="discriminator model config (default: model.discriminator_config)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--device", default="auto", choices=DEVICES, help=DEVICE_HELP)
     p.add_argument("--output-dir", help="where outputs go (overrides output_dir)")
     p.add_argument("--resume", metavar="latest|PATH", help="continue from a checkpoint")
     p.add_argument(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from trainer.commands.cli import report
 from trainer.commands.frontier import add_frontier_option
+from trainer.contract.devices import DEVICE_HELP, DEVICES
 from trainer.contract.errors import UserError
 from trainer.contract.logs import configure_logging
 
@@ -35,7 +36,7 @@ def oracle_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", default="outputs/oracle")
     p.add_argument("--oracle", help="the oracle's safetensors file (data.oracle_path); default: a seeded oracle")
     p.add_argument("--full", action="store_true", help="the SeqGAN-size benchmark instead of the small default")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--device", default="auto", choices=DEVICES, help=DEVICE_HELP)
     p.add_argument("--resume", metavar="latest", help="continue an interrupted pipeline")
     p.add_argument("--overwrite", action="store_true", help="replace the runs of an earlier pipeline in --output-dir")
     p.add_argument(

@@ -11,6 +11,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from trainer.contract.devices import DEVICE_HELP, DEVICES
 from trainer.contract.errors import UserError, print_error_line
 
 
@@ -19,7 +20,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="training config to parse (optional)")
     p.add_argument("--generator-config")
     p.add_argument("--discriminator-config")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--device", default="auto", choices=DEVICES, help=DEVICE_HELP)
     p.add_argument("--output-dir", help="directory every rank must be able to write (default: the config's)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=value")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds before a hanging rank gives up")

@@ -16,6 +16,7 @@ from datetime import timedelta
 
 import torch
 
+from trainer.contract.devices import DEVICES
 from trainer.contract.errors import ConfigError, StartupError, print_error_line
 from trainer.distributed.watchdog import HEARTBEAT, STALL_EXIT_CODE
 
@@ -116,7 +117,7 @@ def agree_on_device(device: str, store: torch.distributed.Store, rank: int, worl
     (a node with broken CUDA) would otherwise form half a gloo group and half an NCCL one,
     which never meet; it is refused on every rank instead, as ``cuda`` is on a rank without it.
     """
-    if device not in ("auto", "cpu", "cuda"):
+    if device not in DEVICES:
         raise ConfigError(f"--device {device}: expected auto, cpu or cuda")
     store.set(f"device/{rank}", f"{int(torch.cuda.is_available())} {socket.gethostname()}")
     keys = [f"device/{peer}" for peer in range(world_size)]

@@ -18,6 +18,7 @@ from trainer.contract.task import Task, TensorRows
 
 @dataclass
 class GaussianMixtureOptions:
+    #: the real data: 8 Gaussians on the unit circle (std 0.01), or 25 on a 5 x 5 grid (std 0.05)
     mixture: Literal["ring", "grid"] = "ring"
     #: PacGAN packing: the discriminator judges this many samples at once
     packing: int = 1
@@ -31,8 +32,11 @@ class GaussianMixtureOptions:
 
 @dataclass
 class GeneratorConfig:
+    #: the latent vector's size (drawn from a standard normal)
     latent_dim: int = 2
+    #: units of each hidden layer
     hidden_dim: int = 400
+    #: hidden layers (the output layer comes after them)
     num_layers: int = 4
     #: each hidden layer Linear without bias, BatchNorm, ReLU (PacGAN's generator)
     batch_norm: bool = False
@@ -45,10 +49,13 @@ class GeneratorConfig:
 
 @dataclass
 class DiscriminatorConfig:
+    #: units of each hidden layer
     hidden_dim: int = 200
+    #: hidden layers (the output layer comes after them)
     num_layers: int = 3
     #: hidden layers of maxout units of this many pieces each (PacGAN: 5); 0: ReLU layers
     maxout_pieces: int = 0
+    #: weights drawn from N(0, init_std) and biases 0; 0: PyTorch's default
     init_std: float = 0.0
 
     def check(self, source: str) -> None:

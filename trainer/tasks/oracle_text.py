@@ -47,10 +47,13 @@ SAMPLE_CHUNK = 1000
 class OracleTextOptions(SequenceGanOptions):
     #: the oracle's vocabulary (the models have one more token: the start token)
     vocab_size: int = 5000
+    #: tokens per sequence
     seq_len: int = 20
-    #: the random oracle (when data.oracle_path is empty) and its shape
+    #: the seed of the random oracle (when data.oracle_path is empty)
     oracle_seed: int = 0
+    #: the random oracle's embedding size
     oracle_embed_dim: int = 32
+    #: the random oracle's LSTM state size
     oracle_hidden_dim: int = 32
     #: seed of the sampled train and eval sequences (kept apart from training.seed, so that
     #: runs with different seeds see the same data)

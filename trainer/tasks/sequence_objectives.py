@@ -46,8 +46,9 @@ class SequenceGanOptions:
     #: stage 2: divide the advantages by their standard deviation, so the policy gradient keeps
     #: its scale as the discriminator's ratings spread or bunch up
     normalize_advantage: bool = True
-    #: sampling: keep the k likeliest tokens (0: all) and the smallest set of probability top_p
+    #: sampling: keep the k likeliest tokens (0: all)
     top_k: int = 0
+    #: sampling: keep the smallest set of tokens whose probability is top_p (1: all)
     top_p: float = 1.0
     #: generated sequences written to OUTPUT/samples/step-N.txt at each eval
     write_samples: int = 10

@@ -17,7 +17,6 @@ from trainer.contract.config.derived import (
 )
 from trainer.contract.config.loading import apply_overrides, load_config
 from trainer.contract.config.sections import (
-    LOSSES,
     Config,
     DataSection,
     DistributedSection,
@@ -28,10 +27,10 @@ from trainer.contract.config.sections import (
     OptimSection,
     RunConfig,
     Stage1Section,
-    TrainingSection,
     as_list,
     check_override_key,
 )
+from trainer.contract.config.training import LOSSES, TrainingSection
 
 __all__ = [
     "DEBUG_OVERRIDES",

@@ -10,10 +10,9 @@ from typing import Any, Literal, get_origin
 
 from trainer.contract.config.overrides import dotted
 from trainer.contract.config.schema import field_type, require, suggestion
+from trainer.contract.config.training import TrainingSection
 from trainer.contract.errors import ConfigError
 from trainer.contract.schedules import CONSTANT, scheduler_names
-
-LOSSES = ("non_saturating", "hinge", "least_squares", "wasserstein")
 
 
 @dataclass
@@ -22,19 +21,25 @@ class ModelSection:
     a ``save_pretrained`` directory or a model id; the discriminator's may also be the word
     ``generator`` (the generator's body with a new head)."""
 
+    #: the generator's model config: a YAML of config fields; for the transformers recipes
+    #: also a save_pretrained directory or a model id (--generator-config overrides it)
     generator_config: str = ""
+    #: the discriminator's, the same way; also the word "generator": the generator's body with
+    #: a new head (--discriminator-config overrides it)
     discriminator_config: str = ""
     #: transformers recipes: the tokenizer (a directory or an id; empty: the generator's)
     tokenizer: str = ""
-    #: transformers recipes: the weights' dtype
+    #: transformers recipes: the weights' dtype (bfloat16 halves their memory)
     dtype: Literal["float32", "bfloat16"] = "float32"
     #: transformers recipes: recompute activations in backward (less memory, more time)
     gradient_checkpointing: bool = False
-    #: every dropout probability of both models set to 0 (TRL's name), so that a policy
-    #: gradient samples and scores under one distribution
+    #: every dropout probability of both models set to 0 (TRL's name: dropout modules and the
+    #: attention_dropout of transformers' attention layers), so that a policy gradient samples
+    #: and scores under one distribution; the text configs set it
     disable_dropout: bool = False
     #: a LoRA adapter on the generator (only the adapter trains): peft.LoraConfig fields, or
-    #: a saved adapter's directory whose config is reused; empty: none
+    #: a saved adapter's directory whose config is reused; empty: none (docs/own-models.md,
+    #: "LoRA adapters")
     peft: dict[str, Any] | str = ""
     #: the same for the discriminator (its classifier head trains whole)
     discriminator_peft: dict[str, Any] | str = ""
@@ -47,13 +52,19 @@ class ModelSection:
 class OptimizerSection:
     """Optimizer, learning-rate schedule and gradient clipping of one model."""
 
+    #: the torch optimizer
     name: Literal["adam", "adamw", "sgd", "rmsprop"] = "adam"
+    #: the learning rate (the schedule's peak)
     lr: float = 1e-4
+    #: adam, adamw: the moment decays
     betas: list[float] = field(default_factory=lambda: [0.5, 0.999])
+    #: decoupled (adamw) or L2 (the others) weight decay
     weight_decay: float = 0.0
+    #: adam, adamw, rmsprop: the denominator's epsilon
     eps: float = 1e-8
     #: any name transformers' ``get_scheduler`` knows: constant, linear, cosine, ...
     scheduler: str = "constant"
+    #: the schedule's warm-up, in this model's optimizer steps
     warmup_steps: int = 0
     #: clip this model's gradient norm to this value; 0 turns clipping off
     max_grad_norm: float = 0.0
@@ -84,96 +95,16 @@ class OptimSection:
 
 
 @dataclass
-class TrainingSection:
-    max_steps: int = 1000
-    batch_size: int = 64
-    gradient_accumulation_steps: int = 1
-    #: discriminator optimizer steps per generator step; 0: the discriminator is frozen, a
-    #: fixed reward model (no optimizer, no gradients, not wrapped by DDP)
-    d_steps_per_g_step: int = 1
-    #: "alternating": the discriminator steps, then the generator against the stepped one;
-    #: "simultaneous": both gradients at the step's starting weights, then both steps (the
-    #: order of PacGAN's and ALI's code; one D step per G step, no fp16 GradScaler)
-    updates: Literal["alternating", "simultaneous"] = "alternating"
-    #: one generation per optimizer step: the generator phase takes the samples its step's (last)
-    #: discriminator phase drew, from the generator as it stood at the step's start, instead of
-    #: drawing its own (for tasks whose generator loss takes samples without gradients: the text
-    #: recipes' REINFORCE); no effect without a discriminator phase
-    share_samples: bool = False
-    eval_every: int = 500
-    save_every: int = 1000
-    log_every: int = 50
-    keep_checkpoints: int = 2
-    best_metric: str = ""
-    best_mode: Literal["min", "max"] = "min"
-    seed: int = 0
-    #: empty: whatever the accelerate config (or launcher) says
-    mixed_precision: Literal["", "no", "bf16", "fp16"] = ""
-    #: seconds of training after which the run saves and stops; 0 means no limit
-    max_time: float = 0.0
-    nonfinite: Literal["skip", "error"] = "skip"
-    max_consecutive_skips: int = 10
-    loss: Literal["non_saturating", "hinge", "least_squares", "wasserstein"] = "non_saturating"
-    #: gradient-penalty weight, used by the wasserstein loss
-    gp_weight: float = 10.0
-    #: R1 penalty on real data (0 turns it off), applied every ``r1_interval`` D steps
-    r1_weight: float = 0.0
-    r1_interval: int = 1
-    #: accelerate trackers; "auto" means tensorboard when it is installed
-    log_with: list[str] = field(default_factory=lambda: ["auto"])
-    #: the trackers' project ("": the output directory's name); tensorboard writes under
-    #: OUTPUT/tensorboard/<project_name>
-    project_name: str = ""
-    #: the run's name in trackers that take one (wandb, mlflow; "": theirs)
-    run_name: str = ""
-    #: keyword arguments of each tracker's start, by tracker name (accelerate's init_kwargs),
-    #: e.g. {wandb: {entity: my-team, tags: [ring]}}
-    tracker_init_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: decay of an exponential moving average of the generator's weights (0: none); when on,
-    #: the eval scores the average and best/ and final/ export it (the raw one as generator_raw)
-    ema_decay: float = 0.0
-    #: generator steps before the average starts (until then it copies the weights)
-    ema_start: int = 0
-    #: a lower decay for the average's first updates: min(ema_decay, (1 + n) / (10 + n))
-    ema_warmup: bool = False
-    num_workers: int = 0
-    #: what a step trains: both models against each other (stage 2), or one model alone in
-    #: stage 1: the generator by maximum likelihood ("mle"), the discriminator ("discriminator")
-    objective: Literal["adversarial", "mle", "discriminator"] = "adversarial"
-
-    def check(self, source: str) -> None:
-        at_least_one = ("max_steps", "batch_size", "gradient_accumulation_steps", "eval_every", "save_every",
-                        "log_every", "keep_checkpoints", "max_consecutive_skips", "r1_interval")  # fmt: skip
-        for name in at_least_one:
-            require(getattr(self, name) >= 1, source, f"training.{name}", "must be at least 1")
-        require(self.d_steps_per_g_step >= 0, source, "training.d_steps_per_g_step", "must be 0 (frozen) or more")
-        require(
-            self.d_steps_per_g_step > 0 or self.objective != "discriminator",
-            source,
-            "training.d_steps_per_g_step",
-            "is 0 (a frozen discriminator) with training.objective discriminator, which trains nothing",
-        )
-        require(
-            self.updates == "alternating" or (self.d_steps_per_g_step == 1 and self.objective == "adversarial"),
-            source,
-            "training.updates",
-            "is simultaneous, which takes one discriminator step per generator step "
-            "(training.d_steps_per_g_step: 1, training.objective: adversarial)",
-        )
-        for name in ("num_workers", "gp_weight", "ema_start", "r1_weight"):
-            require(getattr(self, name) >= 0, source, f"training.{name}", "must be 0 or more")
-        require(self.max_time >= 0, source, "training.max_time", "must be 0 (no limit) or more")
-        require(0 <= self.ema_decay < 1, source, "training.ema_decay", "must be in [0, 1) (0: no average)")
-
-
-@dataclass
 class EvalSection:
+    #: eval micro-batch size per process
     batch_size: int = 256
     #: text recipes: generate from each eval sequence's first tokens (0: unconditional)
     prefix_len: int = 0
-    #: before each eval, the generator's BatchNorm statistics recomputed as their average over
-    #: this many batches of training.batch_size generated at the current weights (PacGAN's code
-    #: refreshes them after every epoch); 0: those training left
+    #: before each eval, the generator's BatchNorm statistics recomputed at its current weights:
+    #: their plain average over this many batches of training.batch_size generated in training
+    #: mode (PacGAN's code refreshes them after every epoch), from a seed of training.seed and
+    #: the step, so every rank and a resumed run compute the same; 0: those training left,
+    #: which trail the weights (a generator without BatchNorm is one error line)
     batch_norm_refresh: int = 0
 
     def check(self, source: str) -> None:
@@ -184,26 +115,34 @@ class EvalSection:
 
 @dataclass
 class DataSection:
+    #: generated data (gaussian_mixture, oracle_text): training samples
     train_size: int = 10000
+    #: generated data: eval samples
     eval_size: int = 2000
     #: a local data file; empty means generated data
     path: str = ""
-    #: oracle_text: the oracle LSTM (safetensors); empty means a seeded random oracle
+    #: oracle_text: the oracle LSTM (safetensors), e.g. ../shared/data/seqgan_oracle.safetensors;
+    #: empty means a seeded random oracle
     oracle_path: str = ""
     #: where generated datasets are cached; empty means $XDG_CACHE_HOME/trainer or ~/.cache/trainer
     cache_dir: str = ""
-    #: text: local files (text, json/jsonl, csv, parquet) of training and eval texts
+    #: text: local files (text, json/jsonl, csv, parquet) of the training texts (a path or a list)
     train_files: str | list[str] = ""
+    #: text: the eval texts' files, the same way (they replace data.eval_split)
     eval_files: str | list[str] = ""
     #: text without eval_files: this share of the training texts held out for eval (by the
     #: seed), where the dataset has no data.eval_split
     eval_fraction: float = 0.0
     #: text: a dataset by name (datasets.load_dataset) or a local dataset directory (save_to_disk,
-    #: or a folder of data files), in place of train_files
+    #: where a single Dataset is the train split, or a folder of data files), in place of
+    #: train_files; offline, a name that is not cached is one line naming it (exit 2)
     dataset: str = ""
     #: the dataset's configuration (load_dataset's name), if it has several
     dataset_config: str = ""
+    #: text with data.dataset: the split trained on
     train_split: str = "train"
+    #: text with data.dataset: the split evaluated on; without it, data.eval_fraction of the
+    #: train split is held out (else one line naming the splits the dataset has)
     eval_split: str = "validation"
 
     def check(self, source: str) -> None:
@@ -229,7 +168,9 @@ class InitSection:
     """Stage-1 weights: a safetensors file, a directory with model.safetensors, or a
     save_pretrained directory."""
 
+    #: the generator's stage-1 weights
     generator: str = ""
+    #: the discriminator's
     discriminator: str = ""
 
     def check(self, source: str) -> None:
@@ -247,11 +188,16 @@ class InitSection:
 class DistributedSection:
     #: process-group timeout: a collective waiting longer raises on that rank
     timeout_s: float = 300.0
-    #: a rank without progress for this long writes its stacks and exits; 0 turns it off
+    #: a rank without progress this long inside the trainer's own calls (start, step and its
+    #: parts, fit, evaluate, close) writes stall-rank{R}.txt and exits; the caller's code
+    #: between two calls (a notebook cell, a pause) stops the clock; 0 turns it off
     watchdog_s: float = 180.0
     #: after SIGTERM or SIGINT, a rank that has not reached the agreed stop this long after
     #: (blocked on a peer) exits with one line; below torchelastic's 30 s before its SIGKILL
     stop_grace_s: float = 20.0
+    #: set TORCH_DISTRIBUTED_DEBUG=DETAIL before the process group starts; torch reads it
+    #: earlier, at import, so set it in the launcher's environment instead (docs/launching.md,
+    #: "When a run hangs")
     debug: bool = False
 
     def check(self, source: str) -> None:
@@ -266,7 +212,9 @@ class Stage1Section:
     two parts, the generator by maximum likelihood, then the discriminator against the stage-1
     generator."""
 
+    #: overrides of the generator's part (maximum likelihood)
     generator: dict[str, Any] = field(default_factory=dict)
+    #: overrides of the discriminator's part
     discriminator: dict[str, Any] = field(default_factory=dict)
     #: start the discriminator from the pre-trained generator's weights (init.discriminator):
     #: a classifier on a language model's body learns real-vs-generated faster than from scratch
@@ -285,7 +233,10 @@ class Stage1Section:
 class Config:
     """The whole training config (one YAML file)."""
 
+    #: a built-in recipe (gaussian_mixture, oracle_text, text) or package.module:Class
+    #: (docs/own-task.md)
     task: str = "gaussian_mixture"
+    #: where the run writes (--output-dir overrides it); relative: to the working directory
     output_dir: str = "outputs/run"
     model: ModelSection = field(default_factory=ModelSection)
     training: TrainingSection = field(default_factory=TrainingSection)
