@@ -60,6 +60,7 @@ COVERED = {
     "python benchmarks/bench_peft.py": "a benchmark (an hour on a 2-core CPU); tests/test_bench.py runs it at the "
     "tiny size",
     "python benchmarks/bench_peft.py --checkpointing": "a benchmark; tests/test_bench.py runs it at the tiny size",
+    "python -m trainer.commands.reference": "tests/test_docs.py makes each page and compares it with docs/reference/",
     "PYTHONPATH=. accelerate launch --config_file accelerate_configs/8gpu.yaml --num_processes 2 "
     "--mixed_precision no scripts/train_stage2.py --config two_peaks.yaml --device cpu": "tests/test_custom_task.py",
 }
