@@ -33,6 +33,8 @@ def test_the_docs_site_builds_in_strict_mode(tmp_path):
     assert (tmp_path / "site" / "getting-started" / "index.html").is_file()
     # the home page holds the README's opening paragraph, included, not copied
     assert "that cannot deadlock" in (tmp_path / "site" / "index.html").read_text()
+    # the own-task page holds the example's files, included from examples/own_task/
+    assert "TwoPeaksOptions" in (tmp_path / "site" / "own-task" / "index.html").read_text()
 
 
 @pytest.mark.timeout(150)
@@ -111,3 +113,19 @@ def test_the_config_reference_lists_every_key_with_its_default():
     keys = set(re.findall(r"^\| `([\w.]+)` \|", page, re.M))
     assert {"distributed.stop_grace_s", "stage1.discriminator_from_generator", "task_options.packing"} <= keys
     assert {"task_options.seq_len", "task_options.max_new_tokens", "task_options.generator_objective"} <= keys
+
+
+@pytest.mark.timeout(300)
+def test_the_python_api_page_s_block_runs(tmp_path):
+    """docs/python-api.md's block, shrunk to a few steps in a directory of the test's own."""
+    block = re.search(r"```python\n(.*?)```", (ROOT / "docs" / "python-api.md").read_text(), re.S)[1]
+    steps, final = '{"training.max_steps": 1500}', '"outputs/ring/final"'
+    assert steps in block and final in block
+    shrunk = {"training.max_steps": 4, "training.eval_every": 2, "training.save_every": 2}
+    shrunk |= {"training.log_with": ["none"], "task_options.plot": False, "output_dir": str(tmp_path / "ring")}
+    code = block.replace(steps, repr(shrunk)).replace(final, repr(str(tmp_path / "ring" / "final")))
+    code += "\nprint('RESULT', scores['num_samples'], metrics['step'])\n"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1] == "RESULT 2500 4", done.stdout[-2000:]
+    assert {r["world_size"] for r in records(tmp_path / "ring", "eval")} == {2}  # the launch replaced the first run

@@ -61,8 +61,10 @@ COVERED = {
     "tiny size",
     "python benchmarks/bench_peft.py --checkpointing": "a benchmark; tests/test_bench.py runs it at the tiny size",
     "python -m trainer.commands.reference": "tests/test_docs.py makes each page and compares it with docs/reference/",
-    "PYTHONPATH=. accelerate launch --config_file accelerate_configs/8gpu.yaml --num_processes 2 "
-    "--mixed_precision no scripts/train_stage2.py --config two_peaks.yaml --device cpu": "tests/test_custom_task.py",
+    "PYTHONPATH=examples/own_task accelerate launch --config_file accelerate_configs/8gpu.yaml --num_processes 2 "
+    "--mixed_precision no scripts/train_stage2.py --config examples/own_task/two_peaks.yaml --device cpu": (
+        "tests/test_custom_task.py"
+    ),
 }
 
 #: the text recipe's example, run in order by test_readme_text_example
