@@ -271,6 +271,23 @@ class TensorRows(torch.utils.data.Dataset):
         return {name: col.index_select(0, index) for name, col in self.columns.items()}
 
 
+class EndlessRows(torch.utils.data.Dataset):
+    """A training set without end, for a source that samples afresh (the synthetic oracle). The
+    run fetches global micro-batch ``j`` as rows ``[j*b, (j+1)*b)`` together (``b`` the
+    per-process batch), at any number of processes and after a resume: no row comes twice,
+    every rank takes other rows, and a source whose rows are a function of the rows fetched
+    (drawn together, by batched arithmetic) gives the uninterrupted run's batches."""
+
+    def __getitems__(self, indices: list[int]) -> Any:
+        raise NotImplementedError
+
+    def __getitem__(self, index: int) -> Any:
+        return self.__getitems__([index])
+
+    def __len__(self) -> int:
+        raise TypeError("an endless training set has no length")
+
+
 def cache_root(configured: str) -> Path:
     """Where generated and tokenized datasets are cached (``data.cache_dir``, else the user's cache)."""
     if configured:

@@ -15,7 +15,7 @@ safetensors file with those tensor names.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -114,13 +114,21 @@ class OracleLSTM(nn.Module):
         steps = [log_p.gather(1, sequences[:, t : t + 1]) for t, log_p in enumerate(self._walk(sequences))]
         return torch.cat(steps, dim=1)
 
-    @torch.no_grad()
     def sample(self, num: int, length: int, rng: torch.Generator) -> torch.Tensor:
-        """``num`` sequences of ``length`` tokens drawn with ``rng``."""
+        """``num`` sequences of ``length`` tokens drawn with ``rng`` (position by position)."""
+        return self._sample(num, length, lambda _: torch.rand(num, generator=rng, device=rng.device))
+
+    def sample_with(self, uniforms: torch.Tensor) -> torch.Tensor:
+        """The sequences [batch, length] whose tokens are drawn with ``uniforms`` [batch, length]
+        in [0, 1): each row a function of its own uniforms alone."""
+        return self._sample(uniforms.shape[0], uniforms.shape[1], lambda position: uniforms[:, position])
+
+    @torch.no_grad()
+    def _sample(self, num: int, length: int, uniforms_at: Callable[[int], torch.Tensor]) -> torch.Tensor:
         previous, h, c = self._initial(num)
         tokens = []
-        for _ in range(length):
+        for position in range(length):
             logits, h, c = self._step(previous, h, c)
-            previous = inverse_cdf_sample(logits, torch.rand(num, generator=rng, device=rng.device))
+            previous = inverse_cdf_sample(logits, uniforms_at(position))
             tokens.append(previous)
         return torch.stack(tokens, dim=1)

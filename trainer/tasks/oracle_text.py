@@ -19,8 +19,6 @@ token, V, the start token (also the padding id; never generated).
 from __future__ import annotations
 
 import functools
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,14 +31,11 @@ from trainer.contract.config.schema import require
 from trainer.contract.errors import ConfigError
 from trainer.contract.task import TensorRows, cache_root
 from trainer.tasks.oracle import OracleLSTM
+from trainer.tasks.oracle_data import EndlessOracleSequences, OracleSequences, oracle_sequences
 from trainer.tasks.sequence_gan import SequenceGanTask
 from trainer.tasks.sequence_metrics import discriminator_accuracy, distinct_bigrams, pearson
 from trainer.tasks.sequence_objectives import SequenceGanOptions
 from trainer.tasks.transformers_models import build_config
-
-#: sequences are sampled from the oracle in chunks of this size, so a dataset does not depend
-#: on how much memory the machine has
-SAMPLE_CHUNK = 1000
 
 
 @dataclass
@@ -58,6 +53,12 @@ class OracleTextOptions(SequenceGanOptions):
     #: seed of the sampled train and eval sequences (kept apart from training.seed, so that
     #: runs with different seeds see the same data)
     data_seed: int = 0
+    #: training: how many distinct real sequences a run trains on: 0, data.train_size's sampled
+    #: set; N, the first N rows of that set followed by sequences drawn from the oracle (row i
+    #: from data_seed and i) when the run starts; -1, no end: every training sequence a new
+    #: one (the set's, then fresh ones drawn as the run takes them). The eval set is the same
+    #: in every case
+    train_sequences: int = 0
     #: eval: the generator's sampling temperature, also applied to its nll_test (below 1: fewer,
     #: likelier tokens; research/oracle_frontier.py sweeps it to draw the quality-diversity
     #: trade-off a stage 2 must beat)
@@ -68,35 +69,7 @@ class OracleTextOptions(SequenceGanOptions):
         require(self.vocab_size >= 2, source, "task_options.vocab_size", "must be at least 2")
         require(self.seq_len >= 1, source, "task_options.seq_len", "must be at least 1")
         require(self.eval_temperature > 0, source, "task_options.eval_temperature", "must be positive")
-
-
-def oracle_sequences(oracle: OracleLSTM, options: OracleTextOptions, train_size: int, eval_size: int, cache: Path):
-    """Train and eval sequences sampled from ``oracle``, as a ``datasets.DatasetDict``.
-
-    Cached under ``cache`` by oracle, seed and sizes: the first run writes the cache (into a
-    temporary directory renamed into place, so readers never see half of it), later runs and
-    the other ranks read it.
-    """
-    import datasets
-
-    key = f"oracle_text-{oracle.identity}-data{options.data_seed}-len{options.seq_len}-{train_size}-{eval_size}"
-    path = cache / key
-    if not path.is_dir():
-        rng = torch.Generator().manual_seed(options.data_seed)
-        splits = {}
-        for split, size in (("train", train_size), ("eval", eval_size)):
-            chunks = [
-                oracle.sample(min(SAMPLE_CHUNK, size - start), options.seq_len, rng)
-                for start in range(0, size, SAMPLE_CHUNK)
-            ]
-            splits[split] = datasets.Dataset.from_dict({"input_ids": torch.cat(chunks).tolist()})
-        partial = cache / f".partial-{key}-{os.getpid()}"
-        datasets.DatasetDict(splits).save_to_disk(str(partial))
-        try:
-            partial.rename(path)
-        except OSError:  # written meanwhile by another process: keep theirs
-            shutil.rmtree(partial, ignore_errors=True)
-    return datasets.load_from_disk(str(path))
+        require(self.train_sequences >= -1, source, "task_options.train_sequences", "must be -1 (no end), 0 or more")
 
 
 class OracleTextTask(SequenceGanTask):
@@ -142,13 +115,21 @@ class OracleTextTask(SequenceGanTask):
     def _table(self) -> Any:
         """The train and eval sequences (read, or sampled and cached, once per task)."""
         data = self.config.data
-        return oracle_sequences(self.oracle, self.options, data.train_size, data.eval_size, cache_root(data.cache_dir))
+        sizes = {"train": data.train_size, "eval": data.eval_size}
+        o = self.options
+        return oracle_sequences(self.oracle, o.data_seed, o.seq_len, sizes, cache_root(data.cache_dir))
 
     def _sequences(self, split: str) -> torch.Tensor:
         return self._table[split].with_format("torch")[:]["input_ids"]
 
     def train_dataset(self) -> torch.utils.data.Dataset:
-        return TensorRows(input_ids=self._sequences("train"))
+        sampled, wanted = self._sequences("train"), self.options.train_sequences
+        if wanted == 0:
+            return TensorRows(input_ids=sampled)
+        sequences = OracleSequences(sampled, self.oracle, self.options.data_seed)
+        if wanted == -1:
+            return EndlessOracleSequences(sequences)
+        return TensorRows(input_ids=sequences.first(wanted, cache_root(self.config.data.cache_dir)))
 
     def eval_dataset(self) -> torch.utils.data.Dataset:
         # Each eval sequence carries the uniforms its generated tokens are drawn with, so an eval

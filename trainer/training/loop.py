@@ -39,7 +39,8 @@ from trainer.state.ema import GeneratorEma
 from trainer.training import batch_norm, run_parts
 from trainer.training.metrics import MetricsLog, finish_trackers, resolve_trackers, start_trackers
 from trainer.training.outputs import RunOutputs
-from trainer.training.phases import BatchStream, build_phases
+from trainer.training.phases import build_phases
+from trainer.training.sample_order import BatchStream
 from trainer.training.step import OptimizerStep
 
 logger = get_logger("trainer")

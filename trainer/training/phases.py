@@ -1,6 +1,6 @@
 """The parts of a training step: the two phases (one model, its optimizer and what it
 computes, with its counters), what each computes (the losses, and what follows a generator
-step), the resumable stream of micro-batches, and the optimizers."""
+step), and the optimizers."""
 
 from __future__ import annotations
 
@@ -13,17 +13,12 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.logging import get_logger
-from accelerate.utils import send_to_device
 from torch import nn
 
 from trainer.contract.config import Config, OptimizerSection, TrainingSection
 from trainer.contract.task import Penalties, Task
 from trainer.distributed import collectives, sharding
 from trainer.state.ema import GeneratorEma
-from trainer.training.sample_order import GlobalBatches
-
-logger = get_logger("trainer")
 
 OPTIMIZERS = {
     "adam": torch.optim.Adam,
@@ -266,51 +261,6 @@ def build_phases(
               optim.generator.max_grad_norm, g_loss, task.generator_needs_data, opponent=unwrapped_d,
               frozen=[unwrapped_d], after_step=functools.partial(after_generator_step, task, acc, ema))  # fmt: skip
     return d, g
-
-
-class BatchStream:
-    """Endless micro-batches of the training set in the run's order (:mod:`trainer.training.sample_order`:
-    the same samples in each optimizer step at any number of processes), on the device, with a
-    resumable position: the global micro-batches every rank has taken between them."""
-
-    def __init__(self, accelerator: Accelerator, dataset: Any, training: TrainingSection, collate: Any) -> None:
-        self.accelerator, self.dataset, self.collate = accelerator, dataset, collate
-        self.batch_size, self.seed, self.num_workers = training.batch_size, training.seed, training.num_workers
-        self.taken = 0
-        self.iterator: Iterator[Any] | None = None
-
-    def next(self) -> Any:
-        acc = self.accelerator
-        if self.iterator is None:
-            batches = GlobalBatches(
-                len(self.dataset), self.batch_size, self.seed, acc.process_index, acc.num_processes, self.taken
-            )
-            # a generator of its own for the workers' base seed: none drawn from torch's global one
-            loader = torch.utils.data.DataLoader(
-                self.dataset, batch_sampler=batches, collate_fn=self.collate, num_workers=self.num_workers,
-                generator=torch.Generator().manual_seed(self.seed),
-            )  # fmt: skip
-            self.iterator = iter(loader)
-        batch = next(self.iterator)
-        self.taken += acc.num_processes  # every rank takes one at the same point
-        return send_to_device(batch, acc.device)
-
-    def state_dict(self) -> dict[str, int]:
-        return {"micro_batches": self.taken}
-
-    def load_state_dict(self, record: dict[str, Any]) -> None:
-        if "micro_batches" not in record:  # checkpoints before 2026-12-07: accelerate's order
-            world = self.accelerator.num_processes
-            per_epoch = len(self.dataset) // self.batch_size
-            taken = record["epoch"] * per_epoch + record["position"] * world
-            self.taken = -(-taken // world) * world
-            logger.warning(
-                f"the checkpoint's data position is in the order of checkpoints before 2026-12-07: the run goes on "
-                f"at global micro-batch {self.taken} of the current order (about as many samples, not the same ones)"
-            )
-        else:
-            self.taken = record["micro_batches"]
-        self.iterator = None
 
 
 def gradients_finite(params: list[nn.Parameter]) -> bool:

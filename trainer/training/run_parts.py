@@ -23,7 +23,7 @@ from trainer.contract.config.schema import to_mapping
 from trainer.contract.errors import CheckpointError, DataError
 from trainer.contract.logs import quiet_transformers
 from trainer.contract.schedules import build_scheduler
-from trainer.contract.task import Task
+from trainer.contract.task import EndlessRows, Task
 from trainer.distributed import collectives, sharding
 from trainer.state import adapters, checkpoint, resuming, storage, weights
 from trainer.training.phases import Trainable, build_optimizer
@@ -183,7 +183,7 @@ def prepare(
     autocast), without DDP or an optimizer. A DataError when the training set holds fewer
     samples than one batch."""
     acc, t = accelerator, cfg.training
-    if len(train_set) < t.batch_size:
+    if not isinstance(train_set, EndlessRows) and len(train_set) < t.batch_size:
         raise DataError(
             f"{cfg.data.path or 'data.train_size'}: {len(train_set)} training samples are fewer than "
             f"one batch (training.batch_size {t.batch_size})"

@@ -19,8 +19,8 @@ from trainer.distributed.stop_signals import StopSignals
 from trainer.distributed.watchdog import HEARTBEAT, watched
 from trainer.state.checkpoint import TrainState
 from trainer.training.outputs import RunOutputs
-from trainer.training.phases import BatchStream, Phase, frozen
-from trainer.training.sample_order import noise_seed
+from trainer.training.phases import Phase, frozen
+from trainer.training.sample_order import BatchStream, noise_seed
 
 
 class OptimizerStep:
