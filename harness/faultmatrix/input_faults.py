@@ -16,9 +16,9 @@ from harness.faultmatrix.runs import (
     HARD_TIMEOUT,
     Outcome,
     Run,
-    alive,
     error_lines,
     every_rank_says,
+    left_alive,
     wait,
     with_tail,
 )
@@ -100,7 +100,7 @@ def kill_during_checkpoint(work: Path, processes: int) -> Outcome:
             break
         time.sleep(0.002)
     wait(proc)
-    survivors = [p for p in pids.values() if alive(p)]
+    survivors = left_alive(list(pids.values()))
     # The write may have ended between the look and the kill: then it is the newest complete
     # checkpoint; else the one before it (save_every 2) is.
     mid_write = caught is not None and (root / caught).exists()
@@ -130,7 +130,8 @@ def kill_during_checkpoint(work: Path, processes: int) -> Outcome:
         "SIGKILL job during checkpoint write",
         processes,
         ok,
-        f"killed in {caught}{'' if mid_write else ' (as its write ended)'}; resumed from "
+        f"killed in {caught}{'' if mid_write else ' (as its write ended)'}"
+        f"{f', {len(survivors)} rank(s) alive after it' if survivors else ''}; resumed from "
         f"{latest.name if latest else None}: exit {resumed.returncode}",
         seconds,
         run.on_disk(),

@@ -191,6 +191,15 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def left_alive(pids: list[int], grace: float = 5.0) -> list[int]:
+    """The processes among ``pids`` still alive ``grace`` seconds after a SIGKILL at most: one
+    killed inside a disk write (a checkpoint's) dies when the write returns."""
+    deadline = time.monotonic() + grace
+    while (left := [pid for pid in pids if alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
 def with_tail(outcome: str, ok: bool, stderr: str, lines: int, chars: int) -> str:
     """A failed row's outcome with the last ``lines`` lines of ``stderr`` (at most ``chars``
     characters) after it: what went wrong; a row that passed, unchanged."""
