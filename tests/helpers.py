@@ -11,6 +11,7 @@ import torch
 import yaml
 from torch import nn
 
+from harness import forked
 from harness import launch as launching
 from harness.launch import ROOT, SCRIPT, free_port, launch_command, launch_env, records
 from harness.tiny import TINY_DISCRIMINATOR, TINY_GENERATOR, deep_merge, write_run
@@ -110,3 +111,16 @@ def hand_refreshed(model: nn.Module, task, batches: int, batch_size: int, seed: 
         expected[f"{name}.running_mean"] = torch.stack([x.mean(0) for x in seen]).mean(0)
         expected[f"{name}.running_var"] = torch.stack([x.var(0) for x in seen]).mean(0)
     return expected
+
+
+def fork_launch(
+    args: list[str],
+    processes: int,
+    timeout: int = LAUNCH_TIMEOUT,
+    script: Path = SCRIPT,
+    precision: str | None = "no",
+    accelerate_config: str = "8gpu.yaml",
+) -> subprocess.CompletedProcess:
+    """:func:`launch`'s run with each worker forked from this process (see harness.forked): for
+    the rows of a test that compare numbers, beside one row on the real launcher."""
+    return forked.fork_launch(args, processes, script, precision, accelerate_config, timeout)

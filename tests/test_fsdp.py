@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from helpers import ROOT, check, env, launch, pacgan_models, records, write_run
+from helpers import ROOT, check, env, fork_launch, launch, pacgan_models, records, write_run
 from safetensors.torch import load_file
 from test_oracle_text import TINY_MODEL, write_oracle_run
 from test_text import generates, write_text_run
@@ -49,9 +49,13 @@ def config(tmp_path, models: str):
     )
 
 
-def run(path, accelerate_config: str, *extra: str):
+def run(path, accelerate_config: str, *extra: str, launcher=fork_launch):
+    """A 2-process run with ``accelerate_configs/ACCELERATE_CONFIG``, its workers forked from the
+    test's process (harness.forked) unless ``launcher`` is the real one: the numbers compared
+    here do not depend on it, and each kind of sharded run has the real launcher in a test
+    (test_fsdp2_at_two_processes_is_the_ddp_run, the bf16 rehearsal, the fault matrix)."""
     args = ["--config", str(path), "--device", "cpu", *extra]
-    return check(launch(args, 2, accelerate_config=accelerate_config))
+    return check(launcher(args, 2, accelerate_config=accelerate_config))
 
 
 def final_weights(out):
@@ -64,7 +68,7 @@ def final_weights(out):
 def test_fsdp2_at_two_processes_is_the_ddp_run(tmp_path, models, generator_groups):
     ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
     run(config(ddp, models), "8gpu.yaml")
-    result = run(config(fsdp, models), "cpu_fsdp.yaml")
+    result = run(config(fsdp, models), "cpu_fsdp.yaml", launcher=launch)
     groups = f"the generator in {generator_groups} group(s), the discriminator in 1 group(s); each of the 2 ranks"
     assert f"FSDP2: {groups}" in result.stderr
     assert all(r["world_size"] == 2 for r in records(fsdp / "out"))
@@ -244,7 +248,7 @@ def test_a_sharded_checkpoint_resumes_on_four_processes(tmp_path):
         if later.name != f"step-{SAVED:07d}":
             shutil.rmtree(later)
     args = ["--config", str(path), "--device", "cpu", "--output-dir", str(again), "--resume", "latest"]
-    result = check(launch(args, 4, accelerate_config="cpu_fsdp.yaml"))
+    result = check(fork_launch(args, 4, accelerate_config="cpu_fsdp.yaml"))
     assert "this run has 4: training.gradient_accumulation_steps 2 -> 1" in result.stderr
     assert "each of the 4 ranks holds a shard" in result.stderr
     assert [r["world_size"] for r in records(again)] == [4] * len(records(again))

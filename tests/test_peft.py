@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 import torch
-from helpers import ROOT, check, launch, records
+from helpers import ROOT, check, fork_launch, launch, records
 from safetensors.torch import load_file
 from test_text import bad, check_evals, generates, write_text_run
 
@@ -60,8 +60,9 @@ def test_stage1_in_one_process_then_stage2_in_two_with_adapters(tmp_path, exampl
     from transformers import AutoModelForCausalLM
 
     paths = example[architecture]
+    run = launch if architecture == "gpt2" else fork_launch  # one row on the real launcher (harness.forked)
     stage1 = write_text_run(tmp_path / "stage1", paths, {"model": {"peft": LORA}})
-    check(launch(["--config", str(stage1), "--device", "cpu"], 1, script=STAGE1, timeout=300))
+    check(run(["--config", str(stage1), "--device", "cpu"], 1, script=STAGE1, timeout=300))
     best = tmp_path / "stage1" / "out" / "best"
     # the generator's run: best/generator is the merged model, best/generator-adapter the
     # adapter on the example's model; the discriminator's run adds none to the frozen generator
@@ -88,7 +89,7 @@ def test_stage1_in_one_process_then_stage2_in_two_with_adapters(tmp_path, exampl
         "task_options": {"kl_coef": 0.1, "mle_weight": 0.5},
     }
     stage2 = write_text_run(tmp_path / "stage2", paths, overrides)
-    check(launch(["--config", str(stage2), "--device", "cpu"], 2, timeout=300))
+    check(run(["--config", str(stage2), "--device", "cpu"], 2, timeout=300))
     out = tmp_path / "stage2" / "out"
     check_evals(out, 2)
     kl = [r["kl"] for r in records(out, "train")]
@@ -105,7 +106,7 @@ def test_stage1_in_one_process_then_stage2_in_two_with_adapters(tmp_path, exampl
 
     # resumed from step 2 in 2 processes: the same adapters, bit for bit
     config = resumable_copy(out, tmp_path / "resumed" / "out", stage2)
-    check(launch(["--config", str(config), "--device", "cpu", "--resume", "latest"], 2, timeout=300))
+    check(run(["--config", str(config), "--device", "cpu", "--resume", "latest"], 2, timeout=300))
     assert_same_adapters(out, tmp_path / "resumed" / "out")
 
 

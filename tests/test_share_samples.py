@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import check, launch, write_run
+from helpers import check, fork_launch, launch, write_run
 from safetensors.torch import load_file
 from test_text import example, write_text_run  # noqa: F401 (example: the fixture)
 
@@ -56,8 +56,9 @@ def test_a_shared_run_resumes_exactly_in_two_processes(tmp_path, example):  # no
     whole = write_text_run(tmp_path / "whole", paths, settings)
     check(launch(["--config", str(whole), "--device", "cpu"], 2))
     halves = write_text_run(tmp_path / "halves", paths, settings)
-    check(launch(["--config", str(halves), "--device", "cpu", "--set", "training.max_steps=2"], 2))
-    check(launch(["--config", str(halves), "--device", "cpu", "--resume", "latest"], 2))
+    # the halves' workers forked from this process (harness.forked): the whole run has the launcher
+    check(fork_launch(["--config", str(halves), "--device", "cpu", "--set", "training.max_steps=2"], 2))
+    check(fork_launch(["--config", str(halves), "--device", "cpu", "--resume", "latest"], 2))
     want = load_file(str(tmp_path / "whole" / "out" / "final" / "generator" / "model.safetensors"))
     got = load_file(str(tmp_path / "halves" / "out" / "final" / "generator" / "model.safetensors"))
     assert want.keys() == got.keys() and all(torch.equal(got[k], v) for k, v in want.items())

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from helpers import ROOT, check, deep_merge, launch, records, tensorboard_text
+from helpers import ROOT, check, deep_merge, fork_launch, launch, records, tensorboard_text
 
 from trainer.commands.cli import main
 from trainer.commands.text_example import write_text_example
@@ -87,7 +87,8 @@ def test_stage1_in_one_process_then_stage2_in_two(tmp_path, example, architectur
         # transformers accepts them.
         assert "n_ctx" in json.loads((paths["model"] / "config.json").read_text())
     stage1 = write_text_run(tmp_path / "stage1", paths)
-    check(launch(["--config", str(stage1), "--device", "cpu"], 1, script=STAGE1, timeout=300))
+    run = launch if architecture == "gpt2" else fork_launch  # one row on the real launcher (harness.forked)
+    check(run(["--config", str(stage1), "--device", "cpu"], 1, script=STAGE1, timeout=300))
     out1 = tmp_path / "stage1" / "out"
     mle = records(out1 / "generator_mle", "train")
     assert mle and all("g_loss" in r and "d_loss" not in r for r in mle)
@@ -107,7 +108,7 @@ def test_stage1_in_one_process_then_stage2_in_two(tmp_path, example, architectur
             "task_options": {"kl_coef": 0.1, "mle_weight": 0.5},
         },
     )
-    ran = check(launch(["--config", str(stage2), "--device", "cpu"], 2, timeout=300))
+    ran = check(run(["--config", str(stage2), "--device", "cpu"], 2, timeout=300))
     # transformers' bar for each model read (from stage 1's export), on every rank: off
     assert "Loading weights" not in ran.stderr, ran.stderr[-2000:]
     out2 = tmp_path / "stage2" / "out"
@@ -133,7 +134,8 @@ def test_likelihood_ratio_objectives_train_in_two_processes(tmp_path, example, o
     generator the run starts from); a round every 2 steps moves it to the generator."""
     options = {"generator_objective": objective, "beta": 0.5, "round_steps": 2, "prompt_len": 2}
     config = write_text_run(tmp_path, example["gpt2"], {"task_options": options, "training": {"d_steps_per_g_step": 0}})
-    check(launch(["--config", str(config), "--device", "cpu"], 2, timeout=300))
+    run = launch if objective == "ddo" else fork_launch  # one row on the real launcher (harness.forked)
+    check(run(["--config", str(config), "--device", "cpu"], 2, timeout=300))
     out = tmp_path / "out"
     evals = records(out, "eval")  # texts are the prompt and up to 12 tokens: check_evals's 12 is not theirs
     assert [(r["step"], r["world_size"], r["num_samples"]) for r in evals] == [(2, 2, EVAL_TEXTS), (4, 2, EVAL_TEXTS)]

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from fixture_tasks import FIXED_LATENTS
-from helpers import TINY_DISCRIMINATOR, TINY_GENERATOR, check, launch, records, write_run
+from helpers import TINY_DISCRIMINATOR, TINY_GENERATOR, check, fork_launch, launch, records, write_run
 from safetensors.torch import load_file, save_file
 from transformers import get_scheduler
 
@@ -139,7 +139,8 @@ def test_updates_equal_reference(tmp_path, processes):
     # Same micro-batch size, so 1 x 4 and 2 x 2 micro-batches make the same global batch.
     accumulation = 4 // processes
     config = write_reference_run(tmp_path, accumulation)
-    check(launch(["--config", str(config), "--device", "cpu"], processes))
+    run = launch if processes == 2 else fork_launch  # one row on the real launcher (harness.forked)
+    check(run(["--config", str(config), "--device", "cpu"], processes))
     out = tmp_path / "out"
     assert_weights(out, *reference()[:2])
     assert_train_records(out, processes, accumulation)
@@ -152,7 +153,8 @@ def test_simultaneous_updates_take_both_gradients_at_the_steps_starting_weights(
     # discriminator as it was before its step, the D gradient on samples of the generator as
     # it was before its own; then both steps
     config = write_reference_run(tmp_path, 4 // processes, d_steps=1, updates="simultaneous")
-    check(launch(["--config", str(config), "--device", "cpu"], processes))
+    run = launch if processes == 2 else fork_launch  # one row on the real launcher (harness.forked)
+    check(run(["--config", str(config), "--device", "cpu"], processes))
     out = tmp_path / "out"
     assert_weights(out, *reference(d_steps=1, simultaneous=True)[:2])
     assert [r["world_size"] for r in records(out, "train")] == [processes] * STEPS

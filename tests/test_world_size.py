@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 import torch
-from helpers import check, launch, records, write_run
+from helpers import check, fork_launch, launch, records, write_run
 from safetensors.torch import load_file
 
 from trainer.contract.errors import CheckpointError
@@ -24,8 +24,10 @@ def accumulation(processes: int) -> int:
     return GLOBAL // (BATCH * processes)
 
 
-def run_at(tmp_path, processes: int, accumulate: int | None = None):
+def run_at(tmp_path, processes: int, accumulate: int | None = None, run=fork_launch):
     """A run of STEPS steps at ``processes``, its checkpoint at step SAVED; its output directory.
+    ``run``: how it starts (workers forked from the test's process, or ``launch``: the real
+    launcher; each test has a run of that kind).
     40 samples: an epoch is 20 micro-batches, 5 optimizer phases; a step takes 2 (one of the
     discriminator, one of the generator, which takes no data) so epochs end mid-step."""
     config = write_run(
@@ -46,7 +48,7 @@ def run_at(tmp_path, processes: int, accumulate: int | None = None):
             "data": {"train_size": 40},
         },
     )
-    result = check(launch(["--config", str(config), "--device", "cpu"], processes))
+    result = check(run(["--config", str(config), "--device", "cpu"], processes))
     out = tmp_path / "out"
     assert all(r["world_size"] == processes for r in records(out)), result.stderr[-2000:]
     return config, out
@@ -79,7 +81,7 @@ def close(a: list[dict[str, float]], b: list[dict[str, float]], relative: float)
 
 @pytest.mark.timeout(400)
 def test_one_global_batch_is_the_same_run_at_1_2_and_4_processes(tmp_path):
-    runs = {p: run_at(tmp_path / f"w{p}", p)[1] for p in (1, 2, 4)}
+    runs = {p: run_at(tmp_path / f"w{p}", p, run=launch if p == 2 else fork_launch)[1] for p in (1, 2, 4)}
     samples = {p: step_samples(out, p, accumulation(p)) for p, out in runs.items()}
     assert samples[1] == samples[2] == samples[4]
     # every sample once per epoch: 40 samples, 8 a step
@@ -91,7 +93,8 @@ def test_one_global_batch_is_the_same_run_at_1_2_and_4_processes(tmp_path):
 @pytest.mark.timeout(500)
 @pytest.mark.parametrize(("written", "resumed"), [(2, 1), (2, 4), (4, 2)])
 def test_a_checkpoint_resumes_on_another_number_of_processes(tmp_path, written, resumed):
-    config, out = run_at(tmp_path / "whole", written)
+    run = launch if (written, resumed) == (2, 1) else fork_launch  # one row on the real launcher
+    config, out = run_at(tmp_path / "whole", written, run=run)
     whole_samples = step_samples(out, written, accumulation(written))
     whole_losses = losses(out)
     # the resumed run in a copy of the directory at the checkpoint, without the records after it
@@ -103,7 +106,7 @@ def test_a_checkpoint_resumes_on_another_number_of_processes(tmp_path, written, 
         if later.name != f"step-{SAVED:07d}":
             shutil.rmtree(later)
     args = ["--config", str(config), "--device", "cpu", "--output-dir", str(again), "--resume", "latest"]
-    result = check(launch(args, resumed))
+    result = check(run(args, resumed))
     assert f"this run has {resumed}: training.gradient_accumulation_steps {accumulation(written)} -> " in result.stderr
     assert all(r["world_size"] == resumed for r in records(again))
     assert step_samples(again, resumed, accumulation(resumed)) == whole_samples[SAVED:]
