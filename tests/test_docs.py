@@ -43,6 +43,7 @@ def test_a_broken_link_or_anchor_fails_the_build(tmp_path):
     shutil.copytree(ROOT / "docs", copy / "docs")
     shutil.copy(ROOT / "mkdocs.yml", copy)
     shutil.copy(ROOT / "README.md", copy)  # the home page includes its opening paragraph
+    shutil.copytree(ROOT / "examples", copy / "examples")  # and pages include example files
     page = copy / "docs" / "getting-started.md"
     page.write_text(page.read_text() + "\n[a](launching.md#no-such-section), [b](no-such-page.md)\n")
     built = build_site(copy, tmp_path / "site")
