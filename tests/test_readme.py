@@ -60,6 +60,12 @@ COVERED = {
     "python benchmarks/bench_peft.py": "a benchmark (an hour on a 2-core CPU); tests/test_bench.py runs it at the "
     "tiny size",
     "python benchmarks/bench_peft.py --checkpointing": "a benchmark; tests/test_bench.py runs it at the tiny size",
+    "torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint HOST:29400 --rdzv_id JOB "
+    "scripts/train_stage2.py --config configs/training/stage2.yaml --device cuda": "needs GPUs and nodes; the fault "
+    "matrix's two_nodes rows (tests/test_faults.py) run two simulated nodes under these flags on CPUs",
+    "sbatch examples/slurm/stage2.sbatch": "needs SLURM; tests/test_slurm.py runs the script with stand-ins for srun "
+    "and scontrol",
+    '--8<-- "examples/slurm/stage2.sbatch"': "the script's text, included in the page; tests/test_slurm.py runs it",
     "python -m trainer.commands.reference": "tests/test_docs.py makes each page and compares it with docs/reference/",
     "PYTHONPATH=examples/own_task accelerate launch --config_file accelerate_configs/8gpu.yaml --num_processes 2 "
     "--mixed_precision no scripts/train_stage2.py --config examples/own_task/two_peaks.yaml --device cpu": (
