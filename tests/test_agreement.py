@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from helpers import check, launch, records, write_run
+from helpers import check, fork_launch, launch, records, write_run
 
 from trainer.training.phases import gradients_finite
 
@@ -73,7 +73,7 @@ def test_max_time_stops_every_rank_at_one_step_with_a_checkpoint(tmp_path):
     assert 0 < stopped_at < 100_000
     # --resume latest continues from it to the end (no time bound now)
     more = ["--set", f"training.max_steps={stopped_at + 2}", "--set", "training.max_time=0"]
-    check(launch(["--config", str(config), "--device", "cpu", "--resume", "latest", *more], 2))
+    check(fork_launch(["--config", str(config), "--device", "cpu", "--resume", "latest", *more], 2))  # harness.forked
     assert (out / "final").is_dir() and records(out, "eval")[-1]["step"] == stopped_at + 2
 
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import check, launch, records
+from helpers import check, fork_launch, launch, records
 from safetensors.torch import load_file
 from test_oracle_text import LENGTH, VOCAB, write_oracle_run
 
@@ -89,9 +89,8 @@ def test_a_run_on_an_endless_stream_resumes_bit_for_bit_in_two_processes(tmp_pat
     first = {role: load_file(out / "final" / role / "model.safetensors") for role in ("generator", "discriminator")}
     shutil.rmtree(out / "final")
     (out / "metrics.jsonl").unlink()
-    check(
-        launch(["--config", str(config), "--device", "cpu", "--resume", str(out / "checkpoints" / "step-0000002")], 2)
-    )
+    resume = ["--resume", str(out / "checkpoints" / "step-0000002")]
+    check(fork_launch(["--config", str(config), "--device", "cpu", *resume], 2))  # harness.forked
     for role, tensors in first.items():
         again = load_file(out / "final" / role / "model.safetensors")
         assert all(torch.equal(again[key], tensors[key]) for key in tensors), f"the {role} differs after the resume"

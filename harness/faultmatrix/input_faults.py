@@ -165,7 +165,7 @@ def damaged_checkpoint(kind: str) -> Callable[[Path, int], Outcome]:
         it with one line, resumes from the checkpoint before and reaches max_steps."""
         name, harm = DAMAGE[kind]
         run = Run(work, processes, training={"max_steps": 6, "save_every": 3, "keep_checkpoints": 5})
-        first, _ = run.run()
+        first = run.run_forked()
         newest = run.out / "checkpoints" / "step-0000006"
         if first.returncode != 0 or not newest.is_dir():
             return Outcome(f"checkpoint's {name} {harm}", processes, False, "the first run failed", 0.0, run.on_disk())
@@ -229,7 +229,7 @@ def fresh_start_into_old_run(work: Path, processes: int) -> Outcome:
     """A fresh start into a directory that holds an earlier run's checkpoints: refused by
     every rank with one line, the earlier checkpoints intact."""
     run = Run(work, processes)
-    run.run()
+    run.run_forked()
     before = run.on_disk()
     result, seconds = run.run("--set", "training.max_steps=2", "--set", "training.save_every=1")
     # rank 0 names the directory and the ways on; the others name rank 0
@@ -242,7 +242,7 @@ def fresh_start_into_old_run(work: Path, processes: int) -> Outcome:
 def resume_other_shape(work: Path, processes: int) -> Outcome:
     """Resume with another gradient_accumulation_steps: refused by every rank, naming the key."""
     run = Run(work, processes)
-    run.run()
+    run.run_forked()
     result, seconds = run.run("--resume", "latest", "--set", "training.gradient_accumulation_steps=2")
     named = every_rank_says(result.stderr, processes, "training.gradient_accumulation_steps")
     ok = result.returncode != 0 and named

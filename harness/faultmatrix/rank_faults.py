@@ -121,7 +121,7 @@ def terminate_one_rank(work: Path, processes: int) -> Outcome:
     """SIGTERM to one rank: an agreed checkpoint on every rank, exit 0, exact resume."""
     training = {"max_steps": 200, "save_every": 1000, "eval_every": 1000, "log_every": 50}
     whole = Run(work / "whole", processes, training=training)
-    whole.run()
+    whole.run_forked()
     run = Run(work / "stopped", processes, {"step_sleep_s": 0.01}, training=training)
     proc = run.start()
     pids = run.rank_pids()

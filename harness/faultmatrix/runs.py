@@ -114,6 +114,19 @@ class Run:
                     os.kill(int(pid_file.read_text()), signal.SIGKILL)
         return subprocess.CompletedProcess(proc.args, code, stdout, stderr), time.monotonic() - start
 
+    def run_forked(self, *extra: str) -> subprocess.CompletedProcess:
+        """Run to the end with the workers forked from this process (harness.forked): for a run
+        that only sets a scenario up (the checkpoint a fault then harms, the uninterrupted run
+        a resumed one is compared with), which needs no launcher of its own; the runs that meet
+        the fault start under the real one."""
+        from harness.forked import fork_launch
+
+        for old in self.pids.iterdir():
+            old.unlink()
+        return fork_launch(
+            [*self.args, *extra], self.processes, accelerate_config=ACCELERATE_CONFIG, timeout=HARD_TIMEOUT
+        )
+
     def rank_pids(self, timeout: float = 120) -> dict[int, int]:
         """Wait until every rank has started training; their pids by rank."""
         deadline = time.monotonic() + timeout
@@ -245,7 +258,7 @@ def restart_after_kill_outcome(
     checkpoint and finish with the weights of an uninterrupted run. ``launch`` runs the
     restarted job; ``run`` are the launcher's arguments of :class:`Run`."""
     whole = Run(work / "whole", ranks, training=RESTART_TRAINING)
-    whole.run()
+    whole.run_forked()
     marker = work / "killed"
     options = {"kill_call": 7, "kill_rank": ranks - 1, "kill_marker": str(marker)}
     restarted = Run(work / "restarted", ranks, options, training=RESTART_TRAINING, **run)
