@@ -5,11 +5,14 @@ an endless stream, and resumed exactly."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import check, fork_launch, launch, records
+import yaml
+from helpers import ROOT, check, fork_launch, launch, records
 from safetensors.torch import load_file
 from test_oracle_text import LENGTH, VOCAB, write_oracle_run
 
@@ -94,3 +97,29 @@ def test_a_run_on_an_endless_stream_resumes_bit_for_bit_in_two_processes(tmp_pat
     for role, tensors in first.items():
         again = load_file(out / "final" / role / "model.safetensors")
         assert all(torch.equal(again[key], tensors[key]) for key in tensors), f"the {role} differs after the resume"
+
+
+@pytest.mark.timeout(300)
+def test_the_data_limit_experiment_trains_each_setting_against_its_own_frontier(tmp_path):
+    """research/data_limit.py at a tiny size: one stage 1, then per setting the baseline and each
+    objective's seed on that many rows, a table row each and a plot; a second call reads the
+    finished runs."""
+    tiny = ["data.train_size=256", "data.eval_size=40", "training.max_steps=2", "training.eval_every=2"]
+    tiny += ["stage1.generator.training.max_steps=2", "stage1.discriminator.training.max_steps=2"]
+    tiny += [f"data.cache_dir={tmp_path / 'cache'}"]
+    command = [sys.executable, str(ROOT / "research" / "data_limit.py"), "--device", "cpu", "--rows", "300", "-1"]
+    command += ["--objectives", "reinforce", "ddo", "--seeds", "0", "--frontier", "1", "0.8"]
+    command += ["--output-dir", str(tmp_path / "out"), *[f"--set={item}" for item in tiny]]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=280, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| 300 |") or line.startswith("| endless |")]
+    assert len(rows) == 4 and all(" of 1 | " in line for line in rows), done.stdout[-2000:]
+    assert [line.split(" | ")[1] for line in rows] == ["reinforce", "ddo", "reinforce", "ddo"]
+    for name, wanted in (("rows-300", 300), ("rows-endless", -1)):
+        for run in ("stage2-mle", "reinforce/seed-0", "ddo/seed-0"):
+            config = yaml.safe_load((tmp_path / "out" / name / run / "config.yaml").read_text())
+            assert config["task_options"]["train_sequences"] == wanted, (name, run)
+        assert (tmp_path / "out" / name / "frontier.png").is_file()
+    again = subprocess.run(command, capture_output=True, text=True, timeout=280, cwd=ROOT)
+    assert again.returncode == 0 and "eval at step" not in again.stderr  # nothing trained again
+    assert [line for line in again.stdout.splitlines() if line.startswith(("| 300 |", "| endless |"))] == rows
