@@ -4,13 +4,14 @@ resumed run against an uninterrupted one, one world against another), where the 
 not what is tested: each such test keeps one row on the real launcher.
 
 A new worker imports torch, accelerate, torch's compiler (which the optimizers import) and the
-trainer: about 3 s of CPU on a 2-core machine, where a fork of a process that has imported
-them takes a tenth of that (a 2-process tiny run: 7.0 s of CPU and 4.4 s under ``accelerate
-launch``, 1.7 s and 1.1 s forked, measured). Each worker gets the environment ``accelerate
-launch`` gives its workers, made by accelerate's own functions from the same config file (the
-mixed precision, FSDP2's settings), with the rank variables a launcher sets, and runs the
-command's entry point (``trainer.commands.cli``) with the same arguments, so its exit status and
-its lines are the command's.
+trainer: about 3 s of CPU on a 2-core machine, which a fork of a process that has imported
+them does not pay (a 2-process tiny run, 2026-12-08, the machine alone: 7.5 s of CPU and 4.7 s
+wall under ``accelerate launch``, one run; 1.6 s and 1.0 s forked, three runs). Each worker
+gets the environment ``accelerate launch`` gives its workers, made by accelerate's own
+functions from the same config file (the mixed precision, FSDP2's settings), with the rank
+variables a launcher sets (one process: plain ``python``'s), and runs the command's entry point
+(``trainer.commands.cli``) with the same arguments, so its exit status and its lines are the
+command's.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.launch import ROOT, SCRIPT, free_port, launch_command, worker_env
+from harness.launch import ROOT, SCRIPT, free_port, launch_command, launch_env, worker_env
 
 #: the scripts a forked worker can run: their entry point's stage
 STAGES = {"train_stage2.py": 2, "train_stage1.py": 1}
@@ -75,7 +76,7 @@ def fork_launch(
         logs = [(Path(tmp) / f"{rank}.out", Path(tmp) / f"{rank}.err") for rank in range(processes)]
         pids = []
         for rank, (out, err) in enumerate(logs):
-            env = worker_env(rank, processes, port) | common if processes > 1 else None
+            env = worker_env(rank, processes, port) | common if processes > 1 else launch_env()
             pids.append(fork_worker(stage, args, env, out, err))
         codes = wait_all(pids, timeout)
         stdout = "".join(out.read_text() for out, _ in logs)
@@ -83,7 +84,7 @@ def fork_launch(
     return subprocess.CompletedProcess(["fork", *args], max(codes, key=abs), stdout, stderr)
 
 
-def fork_worker(stage: int, args: list[str], env: dict[str, str] | None, out: Path, err: Path) -> int:
+def fork_worker(stage: int, args: list[str], env: dict[str, str], out: Path, err: Path) -> int:
     """Fork one worker that runs the command's entry point; its pid. The child never returns:
     it ends with ``os._exit``, so none of this process's exit handlers (pytest's) run in it."""
     for stream in (sys.stdout, sys.stderr):
@@ -94,9 +95,8 @@ def fork_worker(stage: int, args: list[str], env: dict[str, str] | None, out: Pa
     status = 1
     try:
         os.setpgid(0, 0)  # a group of its own: a kill at the timeout reaches what it started
-        if env is not None:
-            os.environ.clear()
-            os.environ.update(env)
+        os.environ.clear()  # the launcher's environment (one process: plain python's)
+        os.environ.update(env)
         os.chdir(ROOT)
         for fd, path in ((1, out), (2, err)):
             os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)

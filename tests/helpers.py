@@ -11,13 +11,23 @@ import torch
 import yaml
 from torch import nn
 
-from harness import forked
 from harness import launch as launching
+from harness.forked import fork_launch
 from harness.launch import ROOT, SCRIPT, free_port, launch_command, launch_env, records
 from harness.tiny import TINY_DISCRIMINATOR, TINY_GENERATOR, deep_merge, write_run
 
 TESTS = Path(__file__).resolve().parent
-__all__ = ["ROOT", "SCRIPT", "TINY_DISCRIMINATOR", "deep_merge", "free_port", "launch_command", "records", "write_run"]
+__all__ = [
+    "ROOT",
+    "SCRIPT",
+    "TINY_DISCRIMINATOR",
+    "deep_merge",
+    "fork_launch",
+    "free_port",
+    "launch_command",
+    "records",
+    "write_run",
+]
 LAUNCH_TIMEOUT = 240
 
 #: PacGAN's models, tiny: a BatchNorm generator, a maxout discriminator, N(0, 0.02) weights
@@ -111,16 +121,3 @@ def hand_refreshed(model: nn.Module, task, batches: int, batch_size: int, seed: 
         expected[f"{name}.running_mean"] = torch.stack([x.mean(0) for x in seen]).mean(0)
         expected[f"{name}.running_var"] = torch.stack([x.var(0) for x in seen]).mean(0)
     return expected
-
-
-def fork_launch(
-    args: list[str],
-    processes: int,
-    timeout: int = LAUNCH_TIMEOUT,
-    script: Path = SCRIPT,
-    precision: str | None = "no",
-    accelerate_config: str = "8gpu.yaml",
-) -> subprocess.CompletedProcess:
-    """:func:`launch`'s run with each worker forked from this process (see harness.forked): for
-    the rows of a test that compare numbers, beside one row on the real launcher."""
-    return forked.fork_launch(args, processes, script, precision, accelerate_config, timeout)
