@@ -46,6 +46,8 @@ def test_rows_past_the_sampled_set_are_drawn_once_and_the_same_for_every_objecti
     later = rows[TRAIN_SIZE:]
     assert len({tuple(row) for row in later.tolist()}) > 0.9 * len(later)  # drawn, not copies
     assert len(list((tmp_path / "cache").glob("*-rows300"))) == 1  # cached: later runs read them
+    fewer = task_for(tmp_path, train_sequences=100).train_dataset()[:]["input_ids"]
+    assert torch.equal(fewer, rows[:100]) and not list((tmp_path / "cache").glob("*-rows100"))  # the set's own
     # what the maximum-likelihood baseline trains on (stage 2's config with objective mle)
     baseline = task_for(tmp_path, "mle", train_sequences=300)
     assert torch.equal(baseline.train_dataset()[:]["input_ids"], rows)

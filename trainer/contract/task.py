@@ -279,10 +279,8 @@ class EndlessRows(torch.utils.data.Dataset):
     (drawn together, by batched arithmetic) gives the uninterrupted run's batches."""
 
     def __getitems__(self, indices: list[int]) -> Any:
+        """The batch of rows ``indices`` (the run fetches every row in such a batch)."""
         raise NotImplementedError
-
-    def __getitem__(self, index: int) -> Any:
-        return self.__getitems__([index])
 
     def __len__(self) -> int:
         raise TypeError("an endless training set has no length")

@@ -26,10 +26,11 @@ from trainer.contract.errors import ConfigError
 from trainer.contract.logs import without_log_records
 
 #: torch's modules of FSDP2, DTensor and the distributed checkpoint, which the trainer does not
-#: import itself: they cost about 0.9 s of CPU in each process (measured on a 2-core machine),
-#: and a process that stops before its first optimizer step (a bad config, a missing file, the
-#: doctor) need not pay it. accelerate imports them for a sharded run, torch's compiler (which
-#: the optimizers import) for every run that trains.
+#: import itself: a process that stops before its first optimizer step (a bad config, a missing
+#: file, the doctor) need not pay for them (a config error took 2.38-2.49 s of CPU with them and
+#: 1.56-1.64 s without, five runs each on a 2-core machine alone, 2026-12-08). accelerate
+#: imports them for a sharded run, torch's compiler (which the optimizers import) for every run
+#: that trains.
 NOT_IMPORTED = ("torch.distributed.fsdp", "torch.distributed.tensor", "torch.distributed.checkpoint")
 
 

@@ -84,7 +84,10 @@ class OracleSequences:
         return torch.rand(self.sampled.shape[1], generator=rng)
 
     def first(self, size: int, cache: Path) -> torch.Tensor:
-        """The first ``size`` rows, drawn in chunks of :data:`CHUNK` rows and cached."""
+        """The first ``size`` rows: the sampled set's, and those after it drawn in chunks of
+        :data:`CHUNK` rows and cached."""
+        if size <= len(self.sampled):
+            return self.sampled[:size]
 
         def draw() -> dict[str, torch.Tensor]:
             return {
