@@ -9,7 +9,8 @@ stage 2 from the stage-1 pair; the maximum-likelihood baseline on the same rows;
 frontier: the stage-1 generator and that baseline at ``--frontier``'s temperatures. One table
 row per setting and objective: the seeds beyond the frontier, nll_oracle and nll_test (mean
 and range), the frontier's nll_oracle at the seeds' mean nll_test, and d_accuracy (mean); OUTPUT/rows-R/frontier.png
-draws each setting (R: the rows, or endless). A finished run (its final/ written) is read, not trained again.
+draws each setting (R: the rows, or endless). A finished run (its final/ written) is read, not trained again,
+and an interrupted one goes on from its last checkpoint.
 
     python research/data_limit.py --device cpu          # all of it: about 95 minutes on 2 cores
     python research/data_limit.py --device cpu --rows 10000 -1 --objectives reinforce --seeds 0
@@ -62,12 +63,13 @@ def last_eval(run_dir: Path) -> dict[str, float]:
 
 
 def trained(config: Path, overrides: list[str], out: Path, device: str) -> dict[str, float]:
-    """A run's last eval, trained unless its final/ is there already (a finished run)."""
+    """A run's last eval: read when the run finished (its final/ is there), else trained, from
+    its last checkpoint where an interrupted run left one."""
     from trainer.contract.config import load_config
     from trainer.training.loop import Trainer
 
     if not (out / "final").is_dir():
-        Trainer(load_config(config, overrides, output_dir=out), device, overwrite=True).fit()
+        Trainer(load_config(config, overrides, output_dir=out), device, resume="latest").fit()
     return last_eval(out)
 
 
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     stage1 = Path(args.output_dir) / "stage1"
     try:
         if not (stage1 / "final").is_dir():
-            fit_stage1(args.stage1_config, args.overrides, output_dir=stage1, device=args.device, overwrite=True)
+            fit_stage1(args.stage1_config, args.overrides, output_dir=stage1, device=args.device, resume="latest")
         table = [line for rows in args.rows for line in setting(args, rows, stage1)]
     except UserError as exc:
         return report(exc, "0")

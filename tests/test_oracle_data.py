@@ -105,7 +105,7 @@ def test_a_run_on_an_endless_stream_resumes_bit_for_bit_in_two_processes(tmp_pat
 def test_the_data_limit_experiment_trains_each_setting_against_its_own_frontier(tmp_path):
     """research/data_limit.py at a tiny size: one stage 1, then per setting the baseline and each
     objective's seed on that many rows, a table row each and a plot; a second call reads the
-    finished runs."""
+    finished runs and resumes an interrupted one."""
     tiny = ["data.train_size=256", "data.eval_size=40", "training.max_steps=2", "training.eval_every=2"]
     tiny += ["stage1.generator.training.max_steps=2", "stage1.discriminator.training.max_steps=2"]
     tiny += [f"data.cache_dir={tmp_path / 'cache'}"]
@@ -122,6 +122,13 @@ def test_the_data_limit_experiment_trains_each_setting_against_its_own_frontier(
             config = yaml.safe_load((tmp_path / "out" / name / run / "config.yaml").read_text())
             assert config["task_options"]["train_sequences"] == wanted, (name, run)
         assert (tmp_path / "out" / name / "frontier.png").is_file()
+    # run again after one run was interrupted after its last checkpoint (its final/ not written):
+    # that run resumes from the checkpoint, the finished ones are read
+    interrupted = tmp_path / "out" / "rows-300" / "reinforce" / "seed-0"
+    shutil.rmtree(interrupted / "final")
     again = subprocess.run(command, capture_output=True, text=True, timeout=280, cwd=ROOT)
-    assert again.returncode == 0 and "eval at step" not in again.stderr  # nothing trained again
+    assert again.returncode == 0, again.stderr[-3000:]
+    resumed = [line for line in again.stderr.splitlines() if "resumed from" in line]
+    assert len(resumed) == 1 and str(interrupted) in resumed[0], resumed
+    assert (interrupted / "final").is_dir()
     assert [line for line in again.stdout.splitlines() if line.startswith(("| 300 |", "| endless |"))] == rows
